@@ -106,6 +106,12 @@ struct attention_batch {
      * CPU backend then computes the sequence's rows on its row path, not its tiles (another
      * online-softmax rounding); the CUDA backend ignores it (not made exact there: docs/cuda.md). */
     const int32_t *row_path;
+    /* A host-side hint, 0 = unknown: an upper bound of every seq_len of the batch. The CUDA
+     * split-K decode kernel sizes its splits by it instead of max_blocks * block_tokens (a
+     * decode step of a short sequence in a wide block table otherwise launches up to 128 splits,
+     * nearly all empty, and a combine over them). Unlike decode_only, a bound below a seq_len
+     * is wrong: positions past it are not attended. The CPU backend ignores it. */
+    int            max_seq_len;
     /* Attention sinks (GPT-OSS): f32 (n_heads), one learned logit per query head of this call
      * (a tp rank's heads), on the backend's device, that joins each softmax's denominator only:
      * o = sum_j e^(s_j - m) v_j / (e^(S_h - m) + sum_j e^(s_j - m)), m the max of S_h and the

@@ -1087,13 +1087,16 @@ static void run_all(struct suite *s)
         {1, 1024, 129}, {64, 128, 96}, {7, 256, 688}, {2, 4096, 17}, {0, 16, 8},
         /* one row (the gemv) with k past each of its vector loops: 17, 40, 95, 240 */
         {1, 17, 9},   {1, 40, 31},   {1, 95, 13},  {1, 240, 40},
+        /* CUDA's own decode product (16-bit, m <= 8, k a multiple of 8): each row count */
+        {8, 64, 24},  {4, 2048, 40}, {5, 8, 3},    {1, 8, 1},    {6, 136, 9},  {3, 1024, 300},
     };
     for (int di = 0; di < 3; di++)
         for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++)
             for (int bias = 0; bias <= 1; bias++)
                 case_matmul(s, float_dtypes[di], mm[i][0], mm[i][1], mm[i][2], bias);
 
-    static const int norm_shapes[][2] = {{1, 1}, {3, 17}, {17, 33}, {1, 4096}, {5, 67}, {3, 768}, {0, 16}};
+    static const int norm_shapes[][2] = {{1, 1},  {3, 17},   {17, 33},  {1, 4096}, {5, 67},
+                                         {3, 768}, {0, 16}, {2, 8192}, {2, 2048}, {1, 8200}};
     for (int di = 0; di < 3; di++) {
         enum dtype dt = float_dtypes[di];
         for (size_t i = 0; i < sizeof norm_shapes / sizeof norm_shapes[0]; i++) {

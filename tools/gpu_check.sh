@@ -102,6 +102,13 @@ run_tests() {
     "$B/build/tests/test_model" cuda "$B/build/golden" gpt_oss
   step "memcheck test_model phi3_lora" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$B/build/tests/test_model" cuda "$B/build/golden" phi3_lora
+  local f # the decode-step kernels of 2026-12-04 (gemv, vector rmsnorm and argmax, rope over heads)
+  for f in "matmul bf16" "matmul f16" rmsnorm argmax rope; do
+    step "memcheck test_ops ($f)" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
+      "$B/build/tests/test_ops" --backend cuda --filter "$f"
+  done
+  step "racecheck test_ops (rmsnorm)" 60 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
+    "$B/build/tests/test_ops" --backend cuda --filter rmsnorm
   step "racecheck test_ops (attention)" 90 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$B/build/tests/test_ops" --backend cuda --filter attention
   unset SHARDLM_SYNC_CHECK
@@ -130,6 +137,9 @@ run_bench() {
   if [ -f "$m/config.json" ]; then
     step "bench_engine llama1b cuda" 150 "$log" "$B/build/tests/bench_engine" --device cuda --model "$m" \
       --concurrency 1,16,64 --prompt 32 --tokens 64 ${bw:+--bandwidth-gbs "$bw"}
+    echo "decode products through cuBLAS, not the gemv kernel (SHARDLM_CUDA_GEMV_ROWS=0):" >> "$log"
+    step "bench_engine llama1b cuda, cuBLAS gemv" 60 "$log" env SHARDLM_CUDA_GEMV_ROWS=0 \
+      "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1,16 --prompt 32 --tokens 64
     echo "without greedy sampling on the device (SHARDLM_DEVICE_SAMPLING=0):" >> "$log"
     step "bench_engine llama1b cuda, host sampling" 60 "$log" env SHARDLM_DEVICE_SAMPLING=0 \
       "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1,64 --prompt 32 --tokens 64

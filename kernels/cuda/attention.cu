@@ -166,44 +166,8 @@ attention_kernel(T *out, const T *q, const T *k_cache, const T *v_cache, const i
 #define SPLIT_TILE 256       /* positions whose block ids are staged in shared memory at a time */
 #define SPLIT_MAX_SPLITS 128 /* splits per query row, at most (grid.y and the combine's loop) */
 
-/* 16-byte loads of cache rows: N elements of T per uint4, widened to f32. */
-template <typename T> struct attention_vec;
-template <> struct attention_vec<float> {
-    static constexpr int N = 4;
-    static __device__ __forceinline__ void widen(const uint4 &r, float *f)
-    {
-        f[0] = __uint_as_float(r.x);
-        f[1] = __uint_as_float(r.y);
-        f[2] = __uint_as_float(r.z);
-        f[3] = __uint_as_float(r.w);
-    }
-};
-template <> struct attention_vec<__nv_bfloat16> {
-    static constexpr int N = 8;
-    static __device__ __forceinline__ void widen(const uint4 &r, float *f)
-    {
-        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&r);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float2 x = __bfloat1622float2(h[i]);
-            f[2 * i] = x.x;
-            f[2 * i + 1] = x.y;
-        }
-    }
-};
-template <> struct attention_vec<__half> {
-    static constexpr int N = 8;
-    static __device__ __forceinline__ void widen(const uint4 &r, float *f)
-    {
-        const __half2 *h = reinterpret_cast<const __half2 *>(&r);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float2 x = __half22float2(h[i]);
-            f[2 * i] = x.x;
-            f[2 * i + 1] = x.y;
-        }
-    }
-};
+/* 16-byte loads of cache rows: N elements of T per uint4, widened to f32 (cuda_common.cuh). */
+template <typename T> using attention_vec = cuda_vec<T>;
 
 /* exp(x - m) with m = -inf read as 0: a state that has seen only -inf scores (or none) has
  * m = -inf, and exp(-inf - -inf) would be NaN; this way it gets weight 0 and a NaN score still
@@ -513,10 +477,12 @@ static void attention_decode_split_k_launch(struct backend *b, struct cuda_state
     const int64_t items = n * n_kv_heads * head_tiles;
 
     /* The longest range a row of this batch can attend to, from what the host knows: seq_len
-     * lives on the device, bounded by max_blocks * block_tokens, and by the window. Splits fill
+     * lives on the device, bounded by max_blocks * block_tokens, by the host's max_seq_len hint
+     * and by the window. Splits fill
      * the device with about st->split_waves blocks per SM; a split whose chunk lies past
      * its row's range writes an empty partial. */
     int64_t max_ctx = (int64_t)batch->max_blocks * batch->block_tokens;
+    if (batch->max_seq_len > 0 && batch->max_seq_len < max_ctx) max_ctx = batch->max_seq_len;
     if (batch->window > 0 && batch->window < max_ctx) max_ctx = batch->window;
     if (max_ctx < 1) max_ctx = 1;
     const int64_t target = (int64_t)st->split_waves * st->n_sms;

@@ -191,17 +191,17 @@ static enum status cuda_attention_mode_from_env(enum cuda_attention_mode *mode)
     return STATUS_OK;
 }
 
-/* A positive integer from the environment variable `name` (at most `max`), or `fallback` when
- * it is unset; anything else is refused. */
-static enum status cuda_int_from_env(const char *name, int fallback, int max, int *out)
+/* An integer in [min, max] from the environment variable `name`, or `fallback` when it is
+ * unset; anything else is refused. */
+static enum status cuda_int_from_env(const char *name, int fallback, int min, int max, int *out)
 {
     const char *v = getenv(name);
     *out = fallback;
     if (!v || !*v) return STATUS_OK;
     char *end = NULL;
     long x = strtol(v, &end, 10);
-    if (*end || x < 1 || x > max)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "%s=%s: expected an integer in [1, %d]", name, v, max);
+    if (*end || x < min || x > max)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s=%s: expected an integer in [%d, %d]", name, v, min, max);
     *out = (int)x;
     return STATUS_OK;
 }
@@ -257,9 +257,11 @@ extern "C" enum status cuda_lib_backend_open(int device_id, struct backend **out
     s->device_id = device_id;
     s->n_sms = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
     st = cuda_attention_mode_from_env(&s->attention_mode);
-    if (st == STATUS_OK) st = cuda_int_from_env("SHARDLM_CUDA_SPLIT_WAVES", CUDA_SPLIT_WAVES_DEFAULT, 64, &s->split_waves);
+    if (st == STATUS_OK) st = cuda_int_from_env("SHARDLM_CUDA_SPLIT_WAVES", CUDA_SPLIT_WAVES_DEFAULT, 1, 64, &s->split_waves);
     if (st == STATUS_OK)
-        st = cuda_int_from_env("SHARDLM_CUDA_SPLIT_MIN_CHUNK", CUDA_SPLIT_MIN_CHUNK_DEFAULT, 1 << 16, &s->split_min_chunk);
+        st = cuda_int_from_env("SHARDLM_CUDA_SPLIT_MIN_CHUNK", CUDA_SPLIT_MIN_CHUNK_DEFAULT, 1, 1 << 16, &s->split_min_chunk);
+    if (st == STATUS_OK)
+        st = cuda_int_from_env("SHARDLM_CUDA_GEMV_ROWS", CUDA_GEMV_ROWS_DEFAULT, 0, CUDA_GEMV_MAX_ROWS, &s->gemv_rows);
     if (st != STATUS_OK) goto fail;
     err = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
     if (err != cudaSuccess) {

@@ -48,6 +48,12 @@
  * the simple kernel; "split", the split-K kernel wherever its shape limits allow (any batch). */
 #define CUDA_SPLIT_WAVES_DEFAULT 4
 #define CUDA_SPLIT_MIN_CHUNK_DEFAULT 128
+/* Products with at most gemv_rows rows of x in a 16-bit dtype take matmul.cu's own kernel (one
+ * warp per output feature, 16-byte loads) instead of cuBLAS, whose kernels for one row read
+ * 2048 x 2048 bf16 weights at a third of the bandwidth on an H200 (2026-12-04).
+ * SHARDLM_CUDA_GEMV_ROWS (0 .. CUDA_GEMV_MAX_ROWS; 0 = always cuBLAS) overrides the default. */
+#define CUDA_GEMV_MAX_ROWS 8
+#define CUDA_GEMV_ROWS_DEFAULT 8
 
 enum cuda_attention_mode {
     CUDA_ATTENTION_AUTO,
@@ -65,6 +71,7 @@ struct cuda_state {
      * per SM, chunks of at least split_min_chunk positions. SHARDLM_CUDA_SPLIT_WAVES and
      * SHARDLM_CUDA_SPLIT_MIN_CHUNK override the defaults (for tuning; bench_cuda). */
     int            split_waves, split_min_chunk;
+    int            gemv_rows; /* see CUDA_GEMV_ROWS_DEFAULT */
     cudaStream_t   stream;
     cublasHandle_t cublas; /* bound to stream; created, used and destroyed only by matmul.cu */
     void          *scratch;       /* device memory for ops' temporaries (cuda_scratch) */
@@ -160,6 +167,66 @@ __device__ __forceinline__ float cuda_load(const __half *p) { return __half2floa
 __device__ __forceinline__ void cuda_store(float *p, float v) { *p = v; }
 __device__ __forceinline__ void cuda_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void cuda_store(__half *p, float v) { *p = __float2half_rn(v); }
+
+/* 16-byte vectors: N elements of T per uint4, widened to f32, or narrowed from f32 with the
+ * same round-to-nearest as cuda_store, element by element. */
+template <typename T> struct cuda_vec;
+template <> struct cuda_vec<float> {
+    static constexpr int N = 4;
+    static __device__ __forceinline__ void widen(const uint4 &r, float *f)
+    {
+        f[0] = __uint_as_float(r.x);
+        f[1] = __uint_as_float(r.y);
+        f[2] = __uint_as_float(r.z);
+        f[3] = __uint_as_float(r.w);
+    }
+    static __device__ __forceinline__ uint4 narrow(const float *f)
+    {
+        return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+    }
+};
+template <> struct cuda_vec<__nv_bfloat16> {
+    static constexpr int N = 8;
+    static __device__ __forceinline__ void widen(const uint4 &r, float *f)
+    {
+        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&r);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 x = __bfloat1622float2(h[i]);
+            f[2 * i] = x.x;
+            f[2 * i + 1] = x.y;
+        }
+    }
+    static __device__ __forceinline__ uint4 narrow(const float *f)
+    {
+        uint4 r;
+        __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&r);
+#pragma unroll
+        for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+        return r;
+    }
+};
+template <> struct cuda_vec<__half> {
+    static constexpr int N = 8;
+    static __device__ __forceinline__ void widen(const uint4 &r, float *f)
+    {
+        const __half2 *h = reinterpret_cast<const __half2 *>(&r);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 x = __half22float2(h[i]);
+            f[2 * i] = x.x;
+            f[2 * i + 1] = x.y;
+        }
+    }
+    static __device__ __forceinline__ uint4 narrow(const float *f)
+    {
+        uint4 r;
+        __half2 *h = reinterpret_cast<__half2 *>(&r);
+#pragma unroll
+        for (int i = 0; i < 4; i++) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+        return r;
+    }
+};
 
 /* The device's CHECK, for the invariants the CPU backend CHECKs on index data that lives in
  * device memory here (a slot, a position, a block id out of range): the kernel stops rather

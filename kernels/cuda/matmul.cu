@@ -65,6 +65,78 @@ static __global__ void matmul_bias_add_kernel(T *y, const float *acc, const T *b
         cuda_store(y + i, (acc ? acc[i] : 0.0f) + cuda_load(bias + i % n));
 }
 
+/* ---- decode products: y (m <= CUDA_GEMV_MAX_ROWS, n) = x (m, k) w (n, k)^T (+ bias) --------
+ * One warp per output feature j (a row of w): each lane reads w's row in 16-byte vectors
+ * (lane, lane + 32, ...), multiplies them with the same vectors of the M rows of x (small:
+ * served from the caches) into M f32 sums, which a fixed shuffle tree adds; lane 0 adds the
+ * bias in f32 and rounds once on store, as matmul_bias_add_kernel does. Rows of x never mix, so
+ * a row's result does not depend on M. k a multiple of the vector, x and w 16-byte aligned. */
+#define GEMV_WARPS 8 /* output features per thread block */
+
+template <typename T, int M>
+static __global__ void __launch_bounds__(32 * GEMV_WARPS)
+gemv_kernel(T *y, const T *x, const T *w, const T *bias, int64_t n, int64_t k)
+{
+    constexpr int N = cuda_vec<T>::N;
+    const int lane = threadIdx.x & 31;
+    const int64_t nv = k / N;
+    for (int64_t j = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); j < n;
+         j += (int64_t)gridDim.x * GEMV_WARPS) {
+        const uint4 *wr = reinterpret_cast<const uint4 *>(w + j * k);
+        float acc[M];
+#pragma unroll
+        for (int i = 0; i < M; i++) acc[i] = 0.0f;
+#pragma unroll 4
+        for (int64_t p = lane; p < nv; p += 32) {
+            float wf[N];
+            cuda_vec<T>::widen(__ldg(wr + p), wf);
+#pragma unroll
+            for (int i = 0; i < M; i++) {
+                float xf[N];
+                cuda_vec<T>::widen(__ldg(reinterpret_cast<const uint4 *>(x + i * k) + p), xf);
+#pragma unroll
+                for (int q = 0; q < N; q++) acc[i] = fmaf(xf[q], wf[q], acc[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < M; i++) {
+            float v = cuda_warp_sum(acc[i]);
+            if (lane == 0) {
+                if (bias) v += cuda_load(bias + j);
+                cuda_store(y + i * n + j, v);
+            }
+        }
+    }
+}
+
+template <typename T>
+static void gemv_launch(struct cuda_state *s, const struct tensor *y, const struct tensor *x,
+                        const struct tensor *w, const struct tensor *bias, int64_t m, int64_t n, int64_t k)
+{
+    const unsigned blocks = cuda_blocks_for(n, GEMV_WARPS);
+    T *yp = (T *)y->data;
+    const T *xp = (const T *)x->data, *wp = (const T *)w->data, *bp = bias ? (const T *)bias->data : NULL;
+    switch (m) {
+#define GEMV_CASE(M)                                                                              \
+    case M: gemv_kernel<T, M><<<blocks, 32 * GEMV_WARPS, 0, s->stream>>>(yp, xp, wp, bp, n, k); break;
+        GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4) GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
+#undef GEMV_CASE
+    default: CHECK(0, "gemv: %lld rows", (long long)m);
+    }
+    LAUNCH_CHECK();
+}
+
+/* Whether the product takes gemv_kernel: few rows, x, w, y (and the bias) in one 16-bit dtype,
+ * whole 16-byte vectors. */
+static int gemv_fits(const struct cuda_state *s, const struct tensor *y, const struct tensor *x,
+                     const struct tensor *w, const struct tensor *bias, int64_t m, int64_t k)
+{
+    return m <= s->gemv_rows && m <= CUDA_GEMV_MAX_ROWS && k > 0 &&
+           (x->dtype == DTYPE_BF16 || x->dtype == DTYPE_F16) && w->dtype == x->dtype && y->dtype == x->dtype &&
+           (!bias || bias->dtype == x->dtype) && k % 8 == 0 && (uintptr_t)x->data % 16 == 0 &&
+           (uintptr_t)w->data % 16 == 0;
+}
+
 static cudaDataType_t matmul_data_type(enum dtype t)
 {
     switch (t) {
@@ -107,6 +179,11 @@ void cuda_matmul(struct backend *b, const struct tensor *y, const struct tensor 
         } else {
             CUDA_CHECK(cudaMemsetAsync(y->data, 0, tensor_nbytes(y), s->stream));
         }
+        return;
+    }
+    if (gemv_fits(s, y, x, w, bias, m, k)) {
+        if (x->dtype == DTYPE_BF16) gemv_launch<__nv_bfloat16>(s, y, x, w, bias, m, n, k);
+        else gemv_launch<__half>(s, y, x, w, bias, m, n, k);
         return;
     }
     if (!bias) {
