@@ -9,6 +9,7 @@
 #                 (stories260K, and a random Llama-3.2-1B-shape model) and transformers on the
 #                 same model (tools/bench_hf_gpu.py), bench_train in bf16 on it (MFU)
 #   ncu.csv       Nsight Compute's time of each kernel of about two decode steps at batch 1
+#   ncu_train.csv the same for a bf16 training step (tools/ncu_summary.py groups both in bench.log)
 # GPU_CHECK_CTEST_REGEX limits the tests to those names (ctest -R).
 # Each step has its own time limit (GPU_CHECK_BUDGET_S, default 540 s in all, spread over the
 # steps); a step past its limit is killed and reported, and the others still run.
@@ -158,9 +159,17 @@ run_bench() {
     # the bf16 product measured in the same run.
     step "bench_train llama1b cuda bf16" 120 "$log" "$B/build/tests/bench_train" --device cuda --bf16 --model "$m" \
       --seq 1024 --micro "${GPU_CHECK_TRAIN_MICRO:-4}" --steps 3
+    if [ -n "$ncu" ]; then
+      [ -f "$OUT/ncu.csv" ] && "$py" tools/ncu_summary.py "$OUT/ncu.csv" --step-marker argmax_kernel >> "$log" 2>&1
+      # The kernels of one bf16 training step (the warm-up step alone: --steps 0), grouped by name.
+      step "ncu training kernels llama1b bf16" 150 "$log" "$ncu" --metrics gpu__time_duration.sum \
+        --launch-count "${GPU_CHECK_NCU_TRAIN_COUNT:-4000}" --csv --log-file "$OUT/ncu_train.csv" \
+        "$B/build/tests/bench_train" --device cuda --bf16 --model "$m" --seq 1024 --micro 1 --steps 0
+      [ -f "$OUT/ncu_train.csv" ] && "$py" tools/ncu_summary.py "$OUT/ncu_train.csv" >> "$log" 2>&1
+    fi
     step "transformers llama1b" "${GPU_CHECK_HF_S:-200}" "$log" env PYTHONUNBUFFERED=1 "$py" tools/bench_hf_gpu.py --model "$m"
   fi
-  grep -E '^(bench_cuda|copy|attention|matmul|RESULT|weight-read|model |split policy)|^  (step|MFU|the backend)' "$log" | head -90 >> "$summary"
+  grep -E '^(bench_cuda|copy|attention|matmul|RESULT|weight-read|model |split policy|[0-9]+ kernels)|^  (step|MFU|the backend)' "$log" | head -90 >> "$summary"
 }
 
 case $mode in
