@@ -185,14 +185,19 @@ template <> struct cuda_vec<float> {
         return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
     }
 };
-template <> struct cuda_vec<__nv_bfloat16> {
+/* bf16 and f16: four pairs a vector, converted by the pair type's intrinsics. */
+__device__ __forceinline__ float2 cuda_widen2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+__device__ __forceinline__ float2 cuda_widen2(__half2 h) { return __half22float2(h); }
+__device__ __forceinline__ void cuda_narrow2(__nv_bfloat162 *h, float a, float b) { *h = __floats2bfloat162_rn(a, b); }
+__device__ __forceinline__ void cuda_narrow2(__half2 *h, float a, float b) { *h = __floats2half2_rn(a, b); }
+template <typename T2> struct cuda_vec_pairs {
     static constexpr int N = 8;
     static __device__ __forceinline__ void widen(const uint4 &r, float *f)
     {
-        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&r);
+        const T2 *h = reinterpret_cast<const T2 *>(&r);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const float2 x = __bfloat1622float2(h[i]);
+            const float2 x = cuda_widen2(h[i]);
             f[2 * i] = x.x;
             f[2 * i + 1] = x.y;
         }
@@ -200,33 +205,14 @@ template <> struct cuda_vec<__nv_bfloat16> {
     static __device__ __forceinline__ uint4 narrow(const float *f)
     {
         uint4 r;
-        __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&r);
+        T2 *h = reinterpret_cast<T2 *>(&r);
 #pragma unroll
-        for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+        for (int i = 0; i < 4; i++) cuda_narrow2(h + i, f[2 * i], f[2 * i + 1]);
         return r;
     }
 };
-template <> struct cuda_vec<__half> {
-    static constexpr int N = 8;
-    static __device__ __forceinline__ void widen(const uint4 &r, float *f)
-    {
-        const __half2 *h = reinterpret_cast<const __half2 *>(&r);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float2 x = __half22float2(h[i]);
-            f[2 * i] = x.x;
-            f[2 * i + 1] = x.y;
-        }
-    }
-    static __device__ __forceinline__ uint4 narrow(const float *f)
-    {
-        uint4 r;
-        __half2 *h = reinterpret_cast<__half2 *>(&r);
-#pragma unroll
-        for (int i = 0; i < 4; i++) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-        return r;
-    }
-};
+template <> struct cuda_vec<__nv_bfloat16> : cuda_vec_pairs<__nv_bfloat162> {};
+template <> struct cuda_vec<__half> : cuda_vec_pairs<__half2> {};
 
 /* The device's CHECK, for the invariants the CPU backend CHECKs on index data that lives in
  * device memory here (a slot, a position, a block id out of range): the kernel stops rather
