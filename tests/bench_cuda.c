@@ -6,7 +6,8 @@
  *     16; 1, 8 and 32 sequences of 4096 tokens, one new row each) in GB/s of K and V read, and
  *     that over the copy bandwidth, for both kernels (SHARDLM_CUDA_ATTENTION=simple and
  *     =split, one backend opened under each);
- *   - op_matmul bf16 at m = 1 and m = 64, k = 2048, n = 8192 (the Llama-3.2-1B MLP), in GB/s
+ *   - op_matmul bf16 at m = 1, 4, 8 (the gemv kernel and cuBLAS) and 64 on the Llama-3.2-1B
+ *     decode products (q/o, k/v, gate/up, down, the LM head), in GB/s
  *     of weights and TFLOP/s.
  * Successive calls rotate through at least 256 MiB of distinct KV blocks or weights (several
  * block tables over one pool; several weight copies), so that nothing is served from the L2
@@ -273,66 +274,92 @@ static void bench_attention(struct bench *bn)
 
 /* ---- matmul ------------------------------------------------------------------------------- */
 
-#define MM_K 2048
-#define MM_N 8192
+/* The decode step's products of a Llama-3.2-1B-shape model, (n, k) of w: q and o, k and v,
+ * gate and up, down, the LM head. */
+static const int mm_shapes[][2] = {{2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}, {128256, 2048}};
 
 struct matmul_ctx {
     struct backend *b;
     struct tensor   y, x;
-    char           *w; /* copies of (MM_N, MM_K) bf16, back to back */
-    int             copies;
+    char           *w; /* copies of (n, k) bf16, back to back */
+    int             copies, n, k;
 };
 
 static void matmul_call(void *ctx, int i)
 {
     struct matmul_ctx *c = ctx;
-    const size_t w_bytes = (size_t)MM_N * MM_K * 2;
+    const size_t w_bytes = (size_t)c->n * c->k * 2;
     struct tensor w = tensor_make(c->w + (size_t)(i % c->copies) * w_bytes, DTYPE_BF16,
-                                  DEVICE_CUDA, 2, (int64_t)MM_N, (int64_t)MM_K);
+                                  DEVICE_CUDA, 2, (int64_t)c->n, (int64_t)c->k);
     op_matmul(c->b, &c->y, &c->x, &w, NULL);
 }
 
+/* Each shape at m = 1, 4, 8 (the decode products: matmul.cu's gemv kernel, and cuBLAS on the
+ * backend opened with SHARDLM_CUDA_GEMV_ROWS=0) and m = 64 (cuBLAS). */
 static void bench_matmul(struct bench *bn)
 {
-    static const int ms[] = {1, 64};
-    struct backend *b = bn->split;
-    const size_t w_bytes = (size_t)MM_N * MM_K * 2;
-    const int copies = (int)((ROTATE_BYTES + w_bytes - 1) / w_bytes);
-    char *w = bench_dev_alloc(b, (size_t)copies * w_bytes);
-    bench_dev_fill_bf16(b, w, (size_t)copies * w_bytes, 5);
-    void *x = bench_dev_alloc(b, (size_t)64 * MM_K * 2), *y = bench_dev_alloc(b, (size_t)64 * MM_N * 2);
-    bench_dev_fill_bf16(b, x, (size_t)64 * MM_K * 2, 6);
-    for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
-        const int m = ms[mi];
-        char name[96];
-        snprintf(name, sizeof name, "matmul bf16 m=%d k=%d n=%d", m, MM_K, MM_N);
-        if (!bench_selected(bn, name)) continue;
-        struct matmul_ctx c = {
-            .b = b,
-            .y = tensor_make(y, DTYPE_BF16, DEVICE_CUDA, 2, (int64_t)m, (int64_t)MM_N),
-            .x = tensor_make(x, DTYPE_BF16, DEVICE_CUDA, 2, (int64_t)m, (int64_t)MM_K),
-            .w = w,
-            .copies = copies,
-        };
-        const double t = bench_time_calls(bn, b, matmul_call, &c);
-        const double gbs = (double)w_bytes / t * 1e-9;
-        printf("%-34s %8.1f us   %7.1f GB/s weights   %5.1f %% of copy   %6.2f TFLOP/s   "
-               "(%d MiB rotated)\n",
-               name, t * 1e6, gbs, 100.0 * gbs / bn->copy_gbs,
-               2.0 * m * MM_K * MM_N / t * 1e-12, (int)((size_t)copies * w_bytes / MIB));
+    static const int ms[] = {1, 4, 8, 64};
+    for (size_t si = 0; si < sizeof mm_shapes / sizeof mm_shapes[0]; si++) {
+        const int n = mm_shapes[si][0], k = mm_shapes[si][1];
+        const size_t w_bytes = (size_t)n * k * 2;
+        const int copies = (int)((ROTATE_BYTES + w_bytes - 1) / w_bytes);
+        struct backend *b = bn->split;
+        char *w = NULL;
+        void *x = NULL, *y = NULL;
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+            for (int kernel = 0; kernel < 2; kernel++) { /* 0: cuBLAS, 1: the default (gemv for m <= 8) */
+                const int m = ms[mi];
+                if (kernel == 1 && m > 8) continue; /* cuBLAS either way */
+                char name[96];
+                snprintf(name, sizeof name, "matmul bf16 m=%d k=%d n=%d %s", m, k, n,
+                         kernel == 0 ? "cuBLAS" : "gemv");
+                if (!bench_selected(bn, name)) continue;
+                if (!w) {
+                    w = bench_dev_alloc(b, (size_t)copies * w_bytes);
+                    bench_dev_fill_bf16(b, w, (size_t)copies * w_bytes, 5);
+                    x = bench_dev_alloc(b, (size_t)64 * k * 2);
+                    y = bench_dev_alloc(b, (size_t)64 * n * 2);
+                    bench_dev_fill_bf16(b, x, (size_t)64 * k * 2, 6);
+                }
+                struct matmul_ctx c = {
+                    .b = kernel == 0 ? bn->simple : bn->split,
+                    .y = tensor_make(y, DTYPE_BF16, DEVICE_CUDA, 2, (int64_t)m, (int64_t)n),
+                    .x = tensor_make(x, DTYPE_BF16, DEVICE_CUDA, 2, (int64_t)m, (int64_t)k),
+                    .w = w,
+                    .copies = copies,
+                    .n = n,
+                    .k = k,
+                };
+                const double t = bench_time_calls(bn, c.b, matmul_call, &c);
+                const double gbs = (double)w_bytes / t * 1e-9;
+                printf("%-44s %8.1f us   %7.1f GB/s weights   %5.1f %% of copy   %6.2f TFLOP/s   "
+                       "(%d MiB rotated)\n",
+                       name, t * 1e6, gbs, 100.0 * gbs / bn->copy_gbs, 2.0 * m * k * n / t * 1e-12,
+                       (int)((size_t)copies * w_bytes / MIB));
+            }
+        if (w) {
+            backend_free(b, w);
+            backend_free(b, x);
+            backend_free(b, y);
+        }
     }
-    backend_free(b, w);
-    backend_free(b, x);
-    backend_free(b, y);
 }
 
 /* ---- main --------------------------------------------------------------------------------- */
 
-/* Opens the CUDA backend with SHARDLM_CUDA_ATTENTION=mode (read once, at open). */
-static enum status bench_open(const char *mode, struct backend **b)
+/* Opens the CUDA backend with SHARDLM_CUDA_ATTENTION=mode (read once, at open); cublas_only:
+ * with SHARDLM_CUDA_GEMV_ROWS=0 (every product through cuBLAS), else as the environment says. */
+static enum status bench_open(const char *mode, int cublas_only, struct backend **b)
 {
+    const char *env = getenv("SHARDLM_CUDA_GEMV_ROWS");
+    char *saved = env ? strdup(env) : NULL;
     setenv("SHARDLM_CUDA_ATTENTION", mode, 1);
-    return backend_open(DEVICE_CUDA, 0, 0, b);
+    if (cublas_only) setenv("SHARDLM_CUDA_GEMV_ROWS", "0", 1);
+    enum status st = backend_open(DEVICE_CUDA, 0, 0, b);
+    if (saved) setenv("SHARDLM_CUDA_GEMV_ROWS", saved, 1);
+    else unsetenv("SHARDLM_CUDA_GEMV_ROWS");
+    free(saved);
+    return st;
 }
 
 int main(int argc, char **argv)
@@ -348,8 +375,10 @@ int main(int argc, char **argv)
     }
     bn.reps = bn.quick ? 2 : 5;
     bn.run_time_s = bn.quick ? 0.02 : 0.1;
-    if (bench_open("simple", &bn.simple) != STATUS_OK ||
-        bench_open("split", &bn.split) != STATUS_OK) {
+    /* The simple-attention backend also runs every product through cuBLAS (the matmul rows
+     * named cuBLAS); the split one is the default otherwise. */
+    if (bench_open("simple", 1, &bn.simple) != STATUS_OK ||
+        bench_open("split", 0, &bn.split) != STATUS_OK) {
         printf("SKIP: no CUDA device (%s)\n", status_message());
         backend_close(bn.simple);
         return 77;
