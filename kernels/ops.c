@@ -7,6 +7,7 @@
 #include "ops.h"
 
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "backend_impl.h"
@@ -93,6 +94,23 @@ void backend_memset_zero(struct backend *b, void *dst, size_t n)
 }
 
 void backend_synchronize(struct backend *b) { b->ops->synchronize(b); }
+
+int backend_host_workers(const struct backend *b)
+{
+    const int t = b->device == DEVICE_CPU && b->n_threads > 0 ? b->n_threads : omp_get_max_threads();
+    return t < 1 ? 1 : t > BACKEND_HOST_MAX_WORKERS ? BACKEND_HOST_MAX_WORKERS : t;
+}
+
+void backend_host_parallel(struct backend *b, int n, void (*fn)(void *ctx, int i, int worker), void *ctx)
+{
+    const int t = backend_host_workers(b) < n ? backend_host_workers(b) : n;
+    if (t <= 1) {
+        for (int i = 0; i < n; i++) fn(ctx, i, 0);
+        return;
+    }
+#pragma omp parallel for num_threads(t) schedule(dynamic, 1)
+    for (int i = 0; i < n; i++) fn(ctx, i, omp_get_thread_num());
+}
 
 enum status backend_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes)
 {

@@ -359,6 +359,15 @@ void backend_download(struct backend *b, void *dst_host, const void *src_device,
 void backend_copy(struct backend *b, void *dst_device, const void *src_device, size_t nbytes);
 void backend_memset_zero(struct backend *b, void *dst_device, size_t nbytes);
 void backend_synchronize(struct backend *b);
+/* Host work spread over the host's cores: fn(ctx, i, worker) for every i in [0, n), in no set
+ * order, worker in [0, backend_host_workers(b)) naming the thread that runs it (for per-thread
+ * scratch); returns when every call has returned. The threads are the CPU backend's (its
+ * n_threads), or beside a device backend the host's OpenMP threads, at most
+ * BACKEND_HOST_MAX_WORKERS. For work between ops (the engine's sampling of many rows), never
+ * while an op runs. */
+#define BACKEND_HOST_MAX_WORKERS 16
+int  backend_host_workers(const struct backend *b);
+void backend_host_parallel(struct backend *b, int n, void (*fn)(void *ctx, int i, int worker), void *ctx);
 /* Memory the device has free now and in all (CPU: MemAvailable / MemTotal of the host), for
  * sizing pools by a fraction of free memory. */
 enum status backend_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes);

@@ -11,7 +11,9 @@
  * (CUDA: the first steps pay for module loading and library handles).
  * usage: bench_engine --model DIR [--device cpu|cuda] [--device-id N] [--concurrency 1,4,16,64]
  *                     [--prompt 32] [--tokens 64] [--threads N] [--max-seqs 64]
- *                     [--max-batch-tokens 512] [--kv-cache-bytes N] [--bandwidth-gbs X] [--warmup 0|1] */
+ *                     [--max-batch-tokens 512] [--kv-cache-bytes N] [--bandwidth-gbs X] [--warmup 0|1]
+ *                     [--temperature T] [--top-p P]
+ * (greedy by default; --temperature > 0 samples, each request with its own seed). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +36,8 @@ struct req_stats {
     int    n_gaps, n_tokens, done;
     int    failed;
 };
+
+static float g_temperature = 0.0f, g_top_p = 1.0f; /* --temperature, --top-p */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
@@ -90,7 +94,8 @@ static int run_round(struct engine *e, const struct engine_model_info *info, int
         return 1;
     }
     struct request_params p = request_params_default();
-    p.sampling.temperature = 0;
+    p.sampling.temperature = g_temperature;
+    p.sampling.top_p = g_top_p;
     p.max_tokens = tokens;
     p.ignore_eos = 1;
     double t0 = now();
@@ -100,6 +105,8 @@ static int run_round(struct engine *e, const struct engine_model_info *info, int
         for (int j = 1; j < prompt_len; j++)
             prompt[j] = 3 + (int32_t)((unsigned)(i * 7919 + j * 104729) % (unsigned)(info->vocab_size - 3));
         rs[i].submit = now();
+        p.sampling.seed = 1000 + (uint64_t)i;
+        p.has_seed = 1;
         uint64_t h;
         enum status st = engine_submit(e, NULL, prompt, prompt_len, &p, on_event, &rs[i], &h);
         if (st != STATUS_OK) {
@@ -158,7 +165,8 @@ static void usage(void)
 {
     fprintf(stderr, "usage: bench_engine --model DIR [--device cpu|cuda] [--device-id N] [--concurrency 1,4,16,64]\n"
                     "                    [--prompt N] [--tokens N] [--threads N] [--max-seqs 64] [--max-batch-tokens 512]\n"
-                    "                    [--kv-cache-bytes N] [--bandwidth-gbs X] [--warmup 0|1]\n");
+                    "                    [--kv-cache-bytes N] [--bandwidth-gbs X] [--warmup 0|1] [--temperature T]\n"
+                    "                    [--top-p P]\n");
 }
 
 int main(int argc, char **argv)
@@ -184,6 +192,8 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--kv-cache-bytes")) kv_bytes = atof(v);
         else if (!strcmp(k, "--bandwidth-gbs")) bandwidth_gbs = atof(v);
         else if (!strcmp(k, "--warmup")) warmup = atoi(v);
+        else if (!strcmp(k, "--temperature")) g_temperature = (float)atof(v);
+        else if (!strcmp(k, "--top-p")) g_top_p = (float)atof(v);
         else {
             fprintf(stderr, "bench_engine: unknown flag %s\n", k);
             usage();

@@ -412,6 +412,82 @@ static void fork_and_take(struct conductor *c, struct seq *s, const float *row)
     }
 }
 
+/* ---- sampling the step's rows on the host's cores ------------------------------------------ */
+
+/* Whether running sequence s draws its token in take_results by take_token's plain path from
+ * its first logits row (s->logit_row): no device-greedy ids, no speculation, no prompt
+ * log-probabilities this step, no constraint, not the first sample of an n > 1 request (it forks
+ * first), a token wanted. Such draws depend only on the row and on s (its parameters, output and
+ * random state), so they may run in any order, on any thread, before the loop that takes them. */
+static int presample_eligible(const struct conductor *c, const struct seq *s)
+{
+    if (c->greedy_done || s->n_rows == 0 || s->state != SEQ_RUNNING || !s->wants_sample || s->n_draft > 0)
+        return 0;
+    const struct request *r = s->req;
+    if (r->p.prompt_logprobs >= 0 && !r->prompt_lp_sent && s->sample == 0) return 0;
+    if (r->grammar || r->p.max_tokens == 0) return 0;
+    return !(s->sample == 0 && !r->forked && r->p.n > 1);
+}
+
+static void presample_one(void *ctx, int j, int worker)
+{
+    struct conductor *c = ctx;
+    const int i = c->pre_idx[j], V = c->m->cfg.vocab_size;
+    struct seq *s = c->sched.running[i];
+    const struct request *r = s->req;
+    const float *row = c->logits + (size_t)s->logit_row * (size_t)V;
+    if (!sampler_logits_finite(row, V)) return; /* take_token reports it */
+    float *lg = c->pre_scratch + (size_t)worker * (size_t)V;
+    sampling_logits(c, s, row, s->n_generated, lg);
+    struct sampling_params sp = r->p.sampling;
+    c->pre_tok[i] = sampler_sample(&c->pre_smp[worker], &sp, &s->rng, lg, r->prompt, r->n_prompt,
+                                   s->tokens + r->n_prompt, s->n_generated);
+}
+
+/* The per-worker samplers and scratch, at the first step that needs them; 0 when there is one
+ * worker or no memory (sampling then stays on the engine thread). */
+static int presample_ready(struct conductor *c)
+{
+    if (c->pre_smp) return 1;
+    if (c->presample_off) return 0;
+    const int W = backend_host_workers(c->b), S = c->sched.o.max_seqs, V = c->m->cfg.vocab_size;
+    if (W < 2) return 0;
+    c->pre_smp = calloc((size_t)W, sizeof *c->pre_smp);
+    c->pre_scratch = malloc((size_t)W * (size_t)V * sizeof *c->pre_scratch);
+    c->pre_tok = malloc((size_t)S * sizeof *c->pre_tok);
+    c->pre_idx = malloc((size_t)S * sizeof *c->pre_idx);
+    int ok = c->pre_smp && c->pre_scratch && c->pre_tok && c->pre_idx;
+    for (c->n_pre_smp = 0; ok && c->n_pre_smp < W; c->n_pre_smp++)
+        ok = sampler_init(&c->pre_smp[c->n_pre_smp], V) == STATUS_OK;
+    if (!ok) {
+        for (int w = 0; w < c->n_pre_smp; w++) sampler_free(&c->pre_smp[w]);
+        free(c->pre_smp);
+        free(c->pre_scratch);
+        free(c->pre_tok);
+        free(c->pre_idx);
+        c->pre_smp = NULL;
+        c->pre_scratch = NULL;
+        c->pre_tok = c->pre_idx = NULL;
+        c->n_pre_smp = 0;
+    }
+    return ok;
+}
+
+/* The tokens of every eligible sequence of the first n_running, drawn in parallel when two or
+ * more draw: c->pre_tok[i] (-1 for the others). Each draw reads its row and its own sequence and
+ * advances only its own random state, so the tokens are those of the sequential loop. */
+static int presample(struct conductor *c, int n_running)
+{
+    if (!presample_ready(c)) return 0;
+    int n = 0;
+    for (int i = 0; i < n_running; i++) {
+        c->pre_tok[i] = -1;
+        if (presample_eligible(c, c->sched.running[i])) c->pre_idx[n++] = i;
+    }
+    if (n >= 2) backend_host_parallel(c->b, n, presample_one, c);
+    return n >= 2;
+}
+
 /* Step 4: the results, in planning order (the logits rows follow the same order): prompt
  * log-probabilities, then a token for each sequence whose pending rows all ran. */
 static void take_results(struct conductor *c, enum status st)
@@ -419,6 +495,7 @@ static void take_results(struct conductor *c, enum status st)
     struct scheduler *sc = &c->sched;
     const int V = c->m->cfg.vocab_size;
     int n_running = sc->n_running; /* forks append to running; they sample here, not in this loop */
+    const int pre = st == STATUS_OK && presample(c, n_running);
     for (int i = 0; i < n_running; i++) {
         struct seq *s = sc->running[i];
         if (s->n_rows == 0 || s->state != SEQ_RUNNING) continue;
@@ -458,7 +535,8 @@ static void take_results(struct conductor *c, enum status st)
         if (s->sample == 0 && !r->forked && r->p.n > 1 && r->p.max_tokens > 0) fork_and_take(c, s, row);
         verify_consider(c, s, row);
         r->forked = 1;
-        take_token(c, s, row, greedy_id);
+        if (pre && c->pre_tok[i] >= 0) take_chosen(c, s, row, c->pre_tok[i]); /* drawn by presample */
+        else take_token(c, s, row, greedy_id);
     }
 }
 

@@ -46,6 +46,16 @@ struct conductor {
     struct kv_cache cache;
     struct scheduler sched;
     struct sampler  smp;
+    /* Sampling many rows at once on the host's cores (conductor.c presample): one sampler and
+     * one vocab-long scratch row per worker (backend_host_workers), the token each running
+     * sequence drew this step (-1: none yet; (max_seqs)), and the indexes of those drawing.
+     * Made at the first step that has two rows to sample; NULL with one worker.
+     * SHARDLM_PARALLEL_SAMPLING=0 (presample_off) keeps every draw on the engine thread. */
+    int      presample_off;
+    struct sampler *pre_smp;
+    int      n_pre_smp;
+    float   *pre_scratch;
+    int32_t *pre_tok, *pre_idx;
     /* Speculative decoding with a draft model (--draft-model; draft.m NULL without one): the
      * draft distributions of sampled drafting sequences, (draft.n_slots, spec_draft, vocab),
      * and the target's distribution of the row being verified (vocab). */

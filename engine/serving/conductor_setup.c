@@ -143,6 +143,8 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
                                          .policy = (enum scheduling_policy)o->scheduling};
     if ((st = scheduler_init(&c->sched, &c->cache, &so)) != STATUS_OK) goto fail;
     if ((st = sampler_init(&c->smp, cfg->vocab_size)) != STATUS_OK) goto fail;
+    const char *par_sampling = getenv("SHARDLM_PARALLEL_SAMPLING"); /* 0: every row on the engine thread */
+    c->presample_off = par_sampling && !strcmp(par_sampling, "0");
     const char *dev_sampling = getenv("SHARDLM_DEVICE_SAMPLING");
     c->device_greedy = dev_sampling && *dev_sampling ? strcmp(dev_sampling, "0") != 0 : c->b->device == DEVICE_CUDA;
     if (c->par.layout.pp_size > 1) c->device_greedy = 0; /* the logits travel to rank 0 (run_forward) */
@@ -214,6 +216,11 @@ void conductor_free(struct conductor *c)
     free(c->logits);
     free(c->scratch);
     sampler_free(&c->smp);
+    for (int w = 0; w < c->n_pre_smp; w++) sampler_free(&c->pre_smp[w]);
+    free(c->pre_smp);
+    free(c->pre_scratch);
+    free(c->pre_tok);
+    free(c->pre_idx);
     draft_free(&c->draft);
     free(c->spec_q);
     free(c->spec_p);

@@ -149,7 +149,7 @@ static void apply_penalties(struct sampler *s, const struct sampling_params *p, 
     }
 }
 
-static const float *sort_key;
+static _Thread_local const float *sort_key; /* qsort has no context argument; samplers run on several threads */
 
 static int by_logit_desc(const void *a, const void *b)
 {
@@ -204,7 +204,7 @@ static int gather_front(struct sampler *s, int n, const float *logits, float lo,
             s->order[m++] = s->order[i], s->order[i] = t;
         }
     }
-    sort_key = logits; /* the engine thread is the only sampler caller */
+    sort_key = logits;
     qsort(s->order, (size_t)m, sizeof *s->order, by_logit_desc);
     return m;
 }
