@@ -1,5 +1,5 @@
 /* engine/model/lora.c - low-rank adapters: creation, the training forward and backward of a
- * target, the PEFT files (lora.h); merging is lora_merge.c.
+ * target, the PEFT files (lora.h); merging is lora_merge.c, serving lora_serve.c.
  * Tests: tests/test_train_grad.py, tests/test_train.sh. */
 #include "lora.h"
 
@@ -367,48 +367,6 @@ enum status lora_reserve(struct lora *l, struct backend *b, int max_tokens, enum
     return STATUS_OK;
 }
 
-enum status lora_serve_prepare(struct lora *l, const struct model *m)
-{
-    const enum dtype dt = m->dtype;
-    if (dt == DTYPE_F32) return STATUS_OK;
-    struct backend *b = m->b;
-    void *mem = NULL;
-    for (int pass = 0; pass < 2; pass++) {
-        size_t off = 0;
-        for (int i = 0; i < l->n_layers; i++)
-            for (int t = 0; t < LORA_TARGET_COUNT; t++) {
-                struct lora_site *s = &l->sites[i][t];
-                if (!s->a.data) continue;
-                const int leads = lora_target_leader(l, (enum lora_target)t) == (enum lora_target)t;
-                struct tensor *ts[2] = {&s->a, &s->b};
-                for (int k = leads ? 0 : 1; k < 2; k++) { /* a fused member's A is its leader's */
-                    struct tensor nt = tensor_make(pass ? (char *)mem + off : NULL, dt, b->device, 2, ts[k]->shape[0],
-                                                   ts[k]->shape[1]);
-                    off += (tensor_nbytes(&nt) + 255) / 256 * 256;
-                    if (!pass) continue;
-                    op_cast(b, &nt, ts[k]);
-                    *ts[k] = nt;
-                }
-            }
-        if (pass == 0) {
-            enum status st = backend_alloc(b, off, &mem);
-            if (st != STATUS_OK) return st;
-        }
-    }
-    for (int i = 0; i < l->n_layers; i++)
-        for (int t = 0; t < LORA_TARGET_COUNT; t++) {
-            struct lora_site *s = &l->sites[i][t];
-            if (!s->a.data) continue;
-            s->a = l->sites[i][lora_target_leader(l, (enum lora_target)t)].a;
-            s->da = (struct tensor){0};
-            s->db = (struct tensor){0};
-        }
-    backend_synchronize(b); /* the casts read the f32 copies */
-    backend_free(b, l->mem);
-    l->mem = mem;
-    return STATUS_OK;
-}
-
 void lora_free(struct lora *l, struct backend *b)
 {
     if (!l) return;
@@ -427,22 +385,6 @@ void lora_zero_grads(struct lora *l, struct backend *b)
             backend_memset_zero(b, s->da.data, tensor_nbytes(&s->da));
             backend_memset_zero(b, s->db.data, tensor_nbytes(&s->db));
         }
-}
-
-void lora_apply(const struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *y,
-                const struct tensor *x, const struct tensor *u_buf, const struct tensor *z_buf)
-{
-    const struct lora_site *s = &l->sites[layer][t];
-    if (!s->a.data) return;
-    const int64_t T = x->shape[0];
-    CHECK(T * l->rank <= tensor_numel(u_buf) && T * s->b.shape[0] <= tensor_numel(z_buf),
-          "LoRA: %lld rows exceed the scratch", (long long)T);
-    struct tensor u = tensor_view2(u_buf, T, l->rank);
-    struct tensor z = tensor_view2(z_buf, T, s->b.shape[0]);
-    op_matmul(b, &u, x, &s->a, NULL);    /* u = x A^T (T, r) */
-    op_scale(b, &u, &u, l->scale);        /* u = s x A^T */
-    op_matmul(b, &z, &u, &s->b, NULL);    /* z = u B^T (T, out) */
-    op_add(b, y, y, &z);
 }
 
 /* The adapter's input x' (T, in) in f32: x itself when it is f32 and no mask is drawn, else x
