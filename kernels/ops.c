@@ -103,7 +103,7 @@ int backend_host_workers(const struct backend *b)
 
 void backend_host_parallel(struct backend *b, int n, void (*fn)(void *ctx, int i, int worker), void *ctx)
 {
-    const int t = backend_host_workers(b) < n ? backend_host_workers(b) : n;
+    const int w = backend_host_workers(b), t = w < n ? w : n;
     if (t <= 1) {
         for (int i = 0; i < n; i++) fn(ctx, i, 0);
         return;

@@ -401,10 +401,10 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
     /* The host knows what the device-side q_start says: a decode step lets the backend pick its
      * decode kernel (struct attention_batch.decode_only). */
     ab.decode_only = T == fb->n_seqs;
-    for (int s = 0; s < fb->n_seqs && ab.decode_only; s++)
-        ab.decode_only = fb->q_start[s + 1] - fb->q_start[s] == 1;
-    for (int s = 0; s < fb->n_seqs; s++)
+    for (int s = 0; s < fb->n_seqs; s++) {
+        ab.decode_only = ab.decode_only && fb->q_start[s + 1] - fb->q_start[s] == 1;
         if (fb->seq_len[s] > ab.max_seq_len) ab.max_seq_len = fb->seq_len[s];
+    }
 
     CHECK(!fb->features || (m->tp_size == 1 && m->pp_size == 1), "forward batch: features at tp %d, pp %d",
           m->tp_size, m->pp_size);

@@ -444,6 +444,19 @@ static void presample_one(void *ctx, int j, int worker)
                                    s->tokens + r->n_prompt, s->n_generated);
 }
 
+void conductor_presample_free(struct conductor *c)
+{
+    for (int w = 0; w < c->n_pre_smp; w++) sampler_free(&c->pre_smp[w]);
+    free(c->pre_smp);
+    free(c->pre_scratch);
+    free(c->pre_tok);
+    free(c->pre_idx);
+    c->pre_smp = NULL;
+    c->pre_scratch = NULL;
+    c->pre_tok = c->pre_idx = NULL;
+    c->n_pre_smp = 0;
+}
+
 /* The per-worker samplers and scratch, at the first step that needs them; 0 when there is one
  * worker or no memory (sampling then stays on the engine thread). */
 static int presample_ready(struct conductor *c)
@@ -459,33 +472,29 @@ static int presample_ready(struct conductor *c)
     int ok = c->pre_smp && c->pre_scratch && c->pre_tok && c->pre_idx;
     for (c->n_pre_smp = 0; ok && c->n_pre_smp < W; c->n_pre_smp++)
         ok = sampler_init(&c->pre_smp[c->n_pre_smp], V) == STATUS_OK;
-    if (!ok) {
-        for (int w = 0; w < c->n_pre_smp; w++) sampler_free(&c->pre_smp[w]);
-        free(c->pre_smp);
-        free(c->pre_scratch);
-        free(c->pre_tok);
-        free(c->pre_idx);
-        c->pre_smp = NULL;
-        c->pre_scratch = NULL;
-        c->pre_tok = c->pre_idx = NULL;
-        c->n_pre_smp = 0;
-    }
+    if (!ok) conductor_presample_free(c);
     return ok;
 }
 
 /* The tokens of every eligible sequence of the first n_running, drawn in parallel when two or
  * more draw: c->pre_tok[i] (-1 for the others). Each draw reads its row and its own sequence and
- * advances only its own random state, so the tokens are those of the sequential loop. */
+ * advances only its own random state, so the tokens are those of the sequential loop. Returns
+ * whether it drew (0: take_results draws every token itself). */
 static int presample(struct conductor *c, int n_running)
 {
-    if (!presample_ready(c)) return 0;
+    if (!c->pre_smp) { /* made only once a step has two draws */
+        int n = 0;
+        for (int i = 0; i < n_running && n < 2; i++) n += presample_eligible(c, c->sched.running[i]);
+        if (n < 2 || !presample_ready(c)) return 0;
+    }
     int n = 0;
     for (int i = 0; i < n_running; i++) {
         c->pre_tok[i] = -1;
         if (presample_eligible(c, c->sched.running[i])) c->pre_idx[n++] = i;
     }
-    if (n >= 2) backend_host_parallel(c->b, n, presample_one, c);
-    return n >= 2;
+    if (n < 2) return 0;
+    backend_host_parallel(c->b, n, presample_one, c);
+    return 1;
 }
 
 /* Step 4: the results, in planning order (the logits rows follow the same order): prompt

@@ -55,7 +55,7 @@ struct conductor {
     struct sampler *pre_smp;
     int      n_pre_smp;
     float   *pre_scratch;
-    int32_t *pre_tok, *pre_idx;
+    int32_t *pre_tok, *pre_idx;   /* freed by conductor_presample_free */
     /* Speculative decoding with a draft model (--draft-model; draft.m NULL without one): the
      * draft distributions of sampled drafting sequences, (draft.n_slots, spec_draft, vocab),
      * and the target's distribution of the row being verified (vocab). */
@@ -118,6 +118,7 @@ void        log_comm_time(struct conductor *c);
 void        stop_workers(struct conductor *c);
 /* conductor.c */
 int         conductor_eos_id(const struct conductor *c);
+void        conductor_presample_free(struct conductor *c); /* the per-worker samplers (conductor.c presample) */
 void        finish_seq(struct conductor *c, struct seq *s, enum finish_reason why, enum status st, const char *message,
                        size_t text_len);
 /* conductor_sample.c */

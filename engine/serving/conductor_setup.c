@@ -216,11 +216,7 @@ void conductor_free(struct conductor *c)
     free(c->logits);
     free(c->scratch);
     sampler_free(&c->smp);
-    for (int w = 0; w < c->n_pre_smp; w++) sampler_free(&c->pre_smp[w]);
-    free(c->pre_smp);
-    free(c->pre_scratch);
-    free(c->pre_tok);
-    free(c->pre_idx);
+    conductor_presample_free(c);
     draft_free(&c->draft);
     free(c->spec_q);
     free(c->spec_p);
