@@ -178,9 +178,12 @@ def rope_halves(x, pos, theta, cfg=None):  # x (T, h, hd), rotate (x[i], x[i + r
     return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c, rest], axis=-1)
 
 
-def forward_loss(P, spec, batch, lora=None):
+def forward_loss(P, spec, batch, lora=None, x0=None, hidden=False):
     """The summed loss. lora: adapters applied beside the base, x W^T + s (drop(x) A^T) B^T, as
-    {"A": {"q/0": ...}, "B": {...}, "s": scale, "masks": {"q/0": mask with 1 / (1 - p) or 0}}."""
+    {"A": {"q/0": ...}, "B": {...}, "s": scale, "masks": {"q/0": mask with 1 / (1 - p) or 0}}.
+    x0: the first layer's input rows in place of the embedding (an EAGLE head's fc output);
+    spec["no_attn_norm"] / spec["no_final_norm"]: a Llama layer without those norms (the head);
+    hidden: the rows after the final norm instead of the loss (the features)."""
     kind, L = spec["kind"], spec["n_layers"]
     tok, tgt, pos, doc = batch["tokens"], batch["targets"], batch["positions"], batch["doc_id"]
     T = tok.shape[0]
@@ -193,10 +196,13 @@ def forward_loss(P, spec, batch, lora=None):
             xa = x * lora["masks"][key] if key in lora["masks"] else x
             y = y + lora["s"] * ((xa @ lora["A"][key].T) @ lora["B"][key].T)
         return y
-    x = g("tok_embedding")[tok]
     gemma = kind in ("gemma2", "gemma3")
-    if gemma:
-        x = x * math.sqrt(spec["d"])
+    if x0 is not None:
+        x = x0
+    else:
+        x = g("tok_embedding")[tok]
+        if gemma:
+            x = x * math.sqrt(spec["d"])
     if kind == "gpt2":
         x = x + g("pos_embedding")[pos]
     i_idx, j_idx = np.arange(T)[:, None], np.arange(T)[None, :]
@@ -206,7 +212,7 @@ def forward_loss(P, spec, batch, lora=None):
     for l in range(L):
         if kind == "gpt2":
             xn = layernorm(x, g("attn_norm", l), g("attn_norm_bias", l), 1e-5)
-        elif kind == "olmo2":  # no norm before attention
+        elif kind == "olmo2" or spec.get("no_attn_norm"):  # no norm before attention
             xn = x
         else:
             xn = rmsnorm(x, g("attn_norm", l), spec["eps"])
@@ -260,8 +266,12 @@ def forward_loss(P, spec, batch, lora=None):
         x = x + proj
     if kind == "gpt2":
         h = layernorm(x, g("final_norm"), g("final_norm_bias"), 1e-5)
+    elif spec.get("no_final_norm"):
+        h = x
     else:
         h = rmsnorm(x, g("final_norm"), spec["eps"])
+    if hidden:
+        return h
     head = g("tok_embedding") if spec["tied"] else g("lm_head")
     logits = h @ head.T
     if spec.get("final_cap"):

@@ -8,11 +8,18 @@
  * every step reads all of them. Writes OUT_PREFIX.json {"losses": [...], "grad_norms": [...],
  * "tensors": [{"kind", "layer", "shape", "initial_offset", "final_offset"}]} and
  * OUT_PREFIX.bin (f32). MOE_AUX_COEFF and MOE_Z_COEFF in the environment set a mixture of
- * experts' auxiliary losses (each micro-batch's weighted 1 / micro-batches). Exit 0 or 1. */
+ * experts' auxiliary losses (each micro-batch's weighted 1 / micro-batches). Exit 0 or 1.
+ *
+ * test_train_step --eagle MODEL_DIR OUT_PREFIX STEPS LR WEIGHT_DECAY CLIP EPS FFN BATCH_FILE...:
+ * the same steps of an EAGLE head's trainer (eagle_train.h; tests/test_train_eagle.py) for the
+ * frozen model: OUT_PREFIX.json {"losses", "grad_norms", "tied", "target": [{"kind", "layer",
+ * "shape", "offset", "after_offset"}], "head": [{"name", "shape", "initial_offset",
+ * "final_offset"}]}, OUT_PREFIX.bin (f32) and the head's file OUT_PREFIX.safetensors. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "eagle_train.h"
 #include "model_train.h"
 #include "optimizer.h"
 #include "params.h"
@@ -51,8 +58,116 @@ static long dump(FILE *bin, struct model_weights *w, struct weight_ref *t, int n
     return off;
 }
 
+static void dump_json_shape(FILE *js, const struct tensor *t)
+{
+    fprintf(js, "\"shape\": [");
+    for (int d = 0; d < t->ndim; d++) fprintf(js, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+    fprintf(js, "]");
+}
+
+/* The --eagle mode (top of this file), its arguments from MODEL_DIR at argv[1]. */
+static int eagle_main(int argc, char **argv)
+{
+    if (argc < 10) {
+        fprintf(stderr, "usage: test_train_step --eagle MODEL_DIR OUT_PREFIX STEPS LR WEIGHT_DECAY CLIP EPS FFN "
+                        "BATCH_FILE...\n");
+        return 2;
+    }
+    const int steps = atoi(argv[3]), n_mb = argc - 9;
+    struct optimizer_options oo = {.lr = atof(argv[4]), .min_lr = 0, .decay_style = LR_DECAY_CONSTANT,
+                                   .weight_decay = atof(argv[5]), .beta1 = 0.9, .beta2 = 0.999, .eps = atof(argv[7]),
+                                   .clip_grad = atof(argv[6])};
+    struct host_batch *mb = calloc((size_t)n_mb, sizeof *mb);
+    int32_t **targets = calloc((size_t)n_mb, sizeof *targets);
+    CHECK(mb && targets && steps <= 64, "out of memory, or more than 64 steps");
+    int max_tokens = 0, n_targets = 0;
+    for (int i = 0; i < n_mb; i++) {
+        read_batch(argv[9 + i], &mb[i]);
+        if (mb[i].tb.n_tokens > max_tokens) max_tokens = mb[i].tb.n_tokens;
+        CHECK((targets[i] = malloc((size_t)mb[i].tb.n_tokens * sizeof **targets)), "out of memory");
+        n_targets += eagle_head_targets(&mb[i].tb, targets[i]);
+    }
+    struct backend *b = NULL;
+    struct model *m = NULL;
+    struct eagle_trainer *e = NULL;
+    CHECK(backend_open(DEVICE_CPU, 0, 0, &b) == STATUS_OK, "backend: %s", status_message());
+    enum status st = model_load_as(argv[1], b, NULL, DTYPE_F32, &m);
+    if (st == STATUS_OK) st = eagle_trainer_new(m, atoi(argv[8]), max_tokens, &oo, 1234, &e);
+    CHECK(st == STATUS_OK, "test_train_step --eagle: %s", status_message());
+    char path[4096];
+    snprintf(path, sizeof path, "%s.bin", argv[2]);
+    FILE *bin = fopen(path, "wb");
+    snprintf(path, sizeof path, "%s.json", argv[2]);
+    FILE *js = fopen(path, "w");
+    CHECK(bin && js, "cannot write %s", argv[2]);
+    const int max = weights_table_max(m->w.n_layers);
+    struct weight_ref *t = malloc((size_t)max * sizeof *t);
+    const struct param_table *pt = eagle_trainer_params(e);
+    long *off = malloc((size_t)(2 * max + 2 * (int)pt->n) * sizeof *off), pos = 0;
+    CHECK(t && off, "out of memory");
+    const int n = weights_table(&m->w, m->layer_first, 1, t);
+    pos = dump(bin, &m->w, t, n, pos, off);
+    for (size_t i = 0; i < pt->n; i++) {
+        const size_t nb = tensor_nbytes(pt->p[i].t);
+        CHECK(fwrite(pt->p[i].t->data, 1, nb, bin) == nb, "write failed");
+        off[2 * max + i] = pos;
+        pos += (long)nb;
+    }
+    double losses[64], norms[64];
+    for (int s = 0; s < steps && st == STATUS_OK; s++) {
+        eagle_trainer_zero_grads(e);
+        losses[s] = 0.0;
+        for (int i = 0; i < n_mb && st == STATUS_OK; i++) {
+            double ls = 0.0;
+            int nr = 0;
+            st = eagle_trainer_micro(e, &mb[i].tb, targets[i], 1.0f / (float)n_targets, 1, &ls, &nr);
+            losses[s] += ls / n_targets;
+        }
+        if (st == STATUS_OK) norms[s] = eagle_trainer_step(e, oo.lr);
+    }
+    CHECK(st == STATUS_OK, "step failed: %s", status_message());
+    pos = dump(bin, &m->w, t, n, pos, off + max);
+    for (size_t i = 0; i < pt->n; i++) {
+        const size_t nb = tensor_nbytes(pt->p[i].t);
+        CHECK(fwrite(pt->p[i].t->data, 1, nb, bin) == nb, "write failed");
+        off[2 * max + pt->n + i] = pos;
+        pos += (long)nb;
+    }
+    fprintf(js, "{\"losses\": [");
+    for (int s = 0; s < steps; s++) fprintf(js, "%s%.17g", s ? ", " : "", losses[s]);
+    fprintf(js, "], \"grad_norms\": [");
+    for (int s = 0; s < steps; s++) fprintf(js, "%s%.17g", s ? ", " : "", norms[s]);
+    fprintf(js, "], \"tied\": %d, \"target\": [", m->w.tied);
+    for (int i = 0; i < n; i++) {
+        fprintf(js, "%s{\"kind\": \"%s\", \"layer\": %d, ", i ? ", " : "", weight_kind_name(t[i].kind), t[i].layer);
+        dump_json_shape(js, t[i].t);
+        fprintf(js, ", \"offset\": %ld, \"after_offset\": %ld}", off[i], off[max + i]);
+    }
+    fprintf(js, "], \"head\": [");
+    for (size_t i = 0; i < pt->n; i++) {
+        fprintf(js, "%s{\"name\": \"%s\", ", i ? ", " : "", pt->p[i].name);
+        dump_json_shape(js, pt->p[i].t);
+        fprintf(js, ", \"initial_offset\": %ld, \"final_offset\": %ld}", off[2 * max + i], off[2 * max + pt->n + i]);
+    }
+    fprintf(js, "]}\n");
+    fclose(bin);
+    fclose(js);
+    snprintf(path, sizeof path, "%s.safetensors", argv[2]);
+    CHECK(eagle_trainer_save(e, path) == STATUS_OK, "save: %s", status_message());
+    eagle_trainer_free(e);
+    model_free(m);
+    backend_close(b);
+    for (int i = 0; i < n_mb; i++) free(mb[i].buf), free(targets[i]);
+    free(mb);
+    free(targets);
+    free(t);
+    free(off);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "--eagle")) return eagle_main(argc - 1, argv + 1);
     if (argc < 9) {
         fprintf(stderr, "usage: test_train_step MODEL_DIR OUT_PREFIX STEPS LR WEIGHT_DECAY CLIP EPS BATCH_FILE...\n");
         return 2;
@@ -129,10 +244,9 @@ int main(int argc, char **argv)
     fprintf(js, "], \"tensors\": [");
     dump(bin, &m->w, t, n, off, off1);
     for (int i = 0; i < n; i++) {
-        fprintf(js, "%s{\"kind\": \"%s\", \"layer\": %d, \"shape\": [", i ? ", " : "", weight_kind_name(t[i].kind),
-                t[i].layer);
-        for (int d = 0; d < t[i].t->ndim; d++) fprintf(js, "%s%lld", d ? ", " : "", (long long)t[i].t->shape[d]);
-        fprintf(js, "], \"initial_offset\": %ld, \"final_offset\": %ld}", off0[i], off1[i]);
+        fprintf(js, "%s{\"kind\": \"%s\", \"layer\": %d, ", i ? ", " : "", weight_kind_name(t[i].kind), t[i].layer);
+        dump_json_shape(js, t[i].t);
+        fprintf(js, ", \"initial_offset\": %ld, \"final_offset\": %ld}", off0[i], off1[i]);
     }
     fprintf(js, "], \"tied\": %d}\n", m->w.tied);
     fclose(bin);

@@ -31,7 +31,7 @@ static void pre_norm_bwd(const struct model *m, const struct tensor *dres, const
                          const struct tensor *dw, const struct tensor *dbias, const struct tensor *dsum,
                          const struct tensor *x, const struct tensor *w)
 {
-    if (m->cfg.no_pre_norms) {
+    if (m->cfg.no_pre_norms || !w->data) { /* no norm there (an EAGLE head's attention) */
         op_add(m->b, dres, dres, dsum);
         return;
     }
@@ -210,6 +210,10 @@ static enum status check_batch(const struct model_train *t, const struct train_b
     if (tb->n_docs <= 0 || tb->doc_start[0] != 0 || tb->doc_start[tb->n_docs] != tb->n_tokens)
         return status_errorf(STATUS_INVALID_ARGUMENT, "training micro-batch: documents do not cover its %d rows",
                              tb->n_tokens);
+    if (tb->input && (m->tp_size > 1 || m->pp_size > 1 || tensor_rows(tb->input) < tb->n_tokens ||
+                      tensor_cols(tb->input) != m->cfg.d_model || tb->input->dtype != m->dtype))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "training micro-batch: input rows need one rank and (%d, %d) "
+                             "rows of the compute dtype", tb->n_tokens, m->cfg.d_model);
     for (int i = 0; i < tb->n_docs; i++)
         if (tb->doc_start[i + 1] < tb->doc_start[i])
             return status_errorf(STATUS_INVALID_ARGUMENT, "training micro-batch: document %d ends before it starts", i);
@@ -274,7 +278,9 @@ enum status model_forward_train(struct model_train *t, const struct train_batch 
     /* Embedding (vocab-parallel: a masked lookup summed over tp) and learned positions, or the
      * previous stage's output; the residual stream lives in x_final between layers. */
     struct tensor x = tensor_first_rows(&a->x_final, Tl), tokens = tensor_first_rows(&a->tokens, T);
-    if (m->pp_rank == 0) {
+    if (m->pp_rank == 0 && tb->input) {
+        backend_copy(b, x.data, tb->input->data, tensor_nbytes(&x));
+    } else if (m->pp_rank == 0) {
         struct tensor part = partial_rows(t, &x, T), pos = local_positions(t, T);
         op_embedding(b, &part, &m->w.tok_embedding, &tokens, m->vocab_start);
         TRY(reduce_rows(t, &part, &x));
@@ -288,7 +294,9 @@ enum status model_forward_train(struct model_train *t, const struct train_batch 
 
     /* Final norm and the loss: the fused, vocab-parallel cross-entropy. */
     struct tensor h = tensor_first_rows(&a->h_final, Tl), h_full;
-    layer_norm(m, &h, &x, &m->w.final_norm, &m->w.final_norm_bias);
+    if (m->w.final_norm.data) layer_norm(m, &h, &x, &m->w.final_norm, &m->w.final_norm_bias);
+    else backend_copy(b, h.data, x.data, tensor_nbytes(&x)); /* none (an EAGLE head) */
+    if (tb->hidden_only) return STATUS_OK;
     TRY(gather_rows(t, &h, &a->gath, T, &h_full));
     TRY(loss_fwd(t, T, &h_full));
     backend_download(b, a->host_loss, a->loss.data, (size_t)T * sizeof(float));
@@ -541,7 +549,8 @@ enum status model_backward(struct model_train *t, const struct train_batch *tb,
         op_cross_entropy_backward(b, &dxn, opt(&grads->lm_head), &h_full, &m->w.lm_head, &targets, &lse, NULL,
                                   tb->grad_scale, m->vocab_start, 0, m->cfg.final_softcap);
         TRY(sum_input_grad(t, T, &dsum));
-        norm_bwd(m, &dres, &grads->final_norm, &grads->final_norm_bias, &dsum, &x, &m->w.final_norm);
+        if (m->w.final_norm.data) norm_bwd(m, &dres, &grads->final_norm, &grads->final_norm_bias, &dsum, &x, &m->w.final_norm);
+        else backend_copy(b, dres.data, dsum.data, tensor_nbytes(&dres));
     }
 
     for (int l = m->n_layers_local - 1; l >= 0; l--) {
@@ -551,8 +560,9 @@ enum status model_backward(struct model_train *t, const struct train_batch *tb,
         if (t->layer_done) t->layer_done(t->hook_ctx, l);
     }
 
-    /* Embedding, in reverse (first stage): x0 = scale * E[tokens] (+ P[positions]). */
-    if (m->pp_rank == 0) {
+    /* Embedding, in reverse (first stage): x0 = scale * E[tokens] (+ P[positions]); given input
+     * rows keep their gradient in dres. */
+    if (m->pp_rank == 0 && !tb->input) {
         struct tensor tokens = tensor_first_rows(&a->tokens, T), pos = local_positions(t, T), dfull;
         if (m->cfg.positions == POSITION_KIND_LEARNED && opt(&grads->pos_embedding))
             op_position_embedding_add_backward(b, &grads->pos_embedding, &dres, &pos);

@@ -57,6 +57,13 @@ struct train_batch {
                                   aux_scale x the auxiliary losses of this micro-batch's layers
                                   (model_train_set_moe_loss): loss_scale / (micro-batches of the
                                   global batch) gives Megatron's mean over the micro-batches */
+    const struct tensor *input; /* one rank: the first layer's input rows (n_tokens, d_model) in
+                                  the compute dtype, on the device, in place of the embedding
+                                  (an EAGLE head's fc output, eagle_train.h); NULL: the embedding.
+                                  After model_backward, model_train_boundary_grad holds their
+                                  gradient, and no embedding gradient is taken */
+    int            hidden_only; /* the forward stops after the final norm: no loss
+                                  (model_train_final_hidden; a frozen target's features) */
 };
 
 /* Modules whose insides selective recomputation recomputes (Megatron's --recompute-modules). */
@@ -134,6 +141,10 @@ size_t model_train_activation_bytes(const struct model_train *t);
  * stage after the first, the gradient of the stage's input is there. */
 struct tensor model_train_boundary(struct model_train *t, int n_tokens);
 struct tensor model_train_boundary_grad(struct model_train *t, int n_tokens);
+
+/* The last forward's rows after the final norm, (n_tokens, d_model) in the compute dtype (last
+ * stage, tp 1): what the LM head read (a model without a final norm: the residual stream). */
+struct tensor model_train_final_hidden(struct model_train *t, int n_tokens);
 
 /* The one owner of "which weights' gradients are a per-rank part to all-reduce over tp" (see
  * the contracts above; the adapters' rule is lora_grad_partial in lora.h). */

@@ -475,6 +475,11 @@ struct tensor model_train_boundary_grad(struct model_train *t, int n_tokens)
     return tensor_first_rows(&t->a->dres, train_sp(t) ? n_tokens / t->m->tp_size : n_tokens);
 }
 
+struct tensor model_train_final_hidden(struct model_train *t, int n_tokens)
+{
+    return tensor_first_rows(&t->a->h_final, n_tokens);
+}
+
 enum status model_weights_make_writable(struct model *m)
 {
     if (m->weight_bytes_mapped == 0) return STATUS_OK;

@@ -10,6 +10,7 @@
 
 #include "base.h"
 #include "checkpoint.h"
+#include "eagle_head.h"
 #include "quant.h"
 #include "safetensors.h"
 #include "sampler.h"
@@ -92,42 +93,6 @@ enum status draft_load(const char *dir, struct backend *b, const struct model *t
 }
 
 /* ---- EAGLE --------------------------------------------------------------------------------- */
-
-/* Why target t cannot carry an EAGLE head, or NULL when it can. The head's own layer is
- * Llama-style whatever the target's layers are (eagle_head_config); what it borrows is the
- * target's two ends (embeddings, LM head, rotary base and scaling) and its features. */
-static const char *eagle_unfit(const struct model *t)
-{
-    const struct model_config *c = &t->cfg;
-    if (c->encoder) return "an encoder has no LM head";
-    if (c->positions != POSITION_KIND_ROTARY) return "its positions are learned, and the head's layer is rotary";
-    return NULL;
-}
-
-/* The head's configuration from the target's: one Llama-style layer (RMS norms, SwiGLU, rotary
- * at the target's base and scaling, full causal attention scaled by 1/sqrt(head_dim), no biases,
- * no QK, sandwich or other norms, no soft-capped scores, no sinks, a dense MLP of ffn rows), of
- * the target's attention widths. What the target's ends do stays: its embedding scale (Gemma's
- * sqrt(d): the head reads the embedding as the target's first layer does) and its final soft-cap
- * on the logits. ffn is the head file's own (a mixture of experts' head has a dense MLP of a size
- * the target's config does not give: SGLang's EAGLE-3 heads for Qwen 3 MoE, Llama 4). */
-static void eagle_head_config(struct model_config *c, int ffn)
-{
-    c->ffn_hidden = ffn;
-    c->n_experts = c->n_experts_used = c->moe_ffn = c->norm_topk_prob = c->shared_expert = 0;
-    c->moe_bias = c->moe_sigmoid = c->moe_sel_bias = c->moe_groups = c->moe_group_topk = 0;
-    c->moe_routed_scale = 0.0f;
-    c->moe_dense_first = c->dense_ffn = 0;
-    c->norm = NORM_KIND_RMSNORM;
-    c->activation = ACTIVATION_SILU;
-    c->gated_mlp = 1;
-    c->qk_norm = c->sandwich_norms = c->no_pre_norms = c->post_ln = 0;
-    c->qkv_bias = c->attn_out_bias = c->mlp_bias = 0;
-    c->sliding_window = c->sliding_window_pattern = 0;
-    c->rope_theta_local = 0.0f;
-    c->attn_scale = c->attn_softcap = 0.0f;
-    c->attn_sinks = 0;
-}
 
 /* The head's tensors: name in the file, rows and columns (0 = a vector), where it goes. */
 struct eagle_tensor {
@@ -278,7 +243,7 @@ enum status draft_load_eagle(const char *path, const char *target_dir, struct ba
                              struct kv_cache *target_kv, int n_slots, struct draft *d)
 {
     memset(d, 0, sizeof *d);
-    const char *why = eagle_unfit(target);
+    const char *why = eagle_head_unfit(target);
     if (why) return status_errorf(STATUS_UNSUPPORTED, "--speculative eagle: the served model (%s) cannot carry an "
                                   "EAGLE head: %s", target->cfg.architecture, why);
     struct safetensors *st = NULL;
@@ -292,7 +257,7 @@ enum status draft_load_eagle(const char *path, const char *target_dir, struct ba
         safetensors_close(st);
         return ret;
     }
-    /* The head: one Llama-style layer of the target's widths (eagle_head_config), its embeddings
+    /* The head: one Llama-style layer of the target's widths (eagle_head_shape), its embeddings
      * and LM head borrowed; no final norm, no attention norm (EAGLE-1). */
     struct model *h = calloc(1, sizeof *h);
     d->m = h;
@@ -316,24 +281,9 @@ enum status draft_load_eagle(const char *path, const char *target_dir, struct ba
         }
         ends = d->ends;
     }
-    h->cfg = target->cfg;
     const struct st_tensor *up = safetensors_find(st, "layers.0.mlp.up_proj.weight");
-    eagle_head_config(&h->cfg, up && up->ndim == 2 && up->shape[0] > 0 && up->shape[0] <= (1 << 20)
-                                   ? (int)up->shape[0] : target->cfg.ffn_hidden);
-    h->par.layout = (struct parallel_layout){.world_size = 1, .tp_size = 1, .pp_size = 1, .dp_size = 1,
-                                             .pp_prev = -1, .pp_next = -1};
-    h->dtype = target->dtype;
-    h->tp_size = h->pp_size = h->ep_size = 1;
-    h->layer_first = target->cfg.n_layers - 1;
-    h->n_layers_local = h->w.n_layers = 1;
-    h->n_heads_local = h->cfg.n_heads;
-    h->n_kv_local = h->cfg.n_kv_heads;
-    h->ffn_local = h->cfg.ffn_hidden;
-    h->vocab_local = ends->vocab_local;
-    h->w.tok_embedding = ends->w.tok_embedding;
-    h->w.lm_head = ends->w.lm_head;
-    h->rope_factors = ends->rope_factors;
-    snprintf(h->quantization, sizeof h->quantization, "none");
+    eagle_head_shape(h, target, ends, up && up->ndim == 2 && up->shape[0] > 0 && up->shape[0] <= (1 << 20)
+                                          ? (int)up->shape[0] : target->cfg.ffn_hidden);
     ret = eagle_weights(d, h, target, st, path);
     safetensors_close(st);
     if (ret == STATUS_OK) ret = slots_init(d, b, target, n_slots);

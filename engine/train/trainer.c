@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "dist_optimizer.h"
+#include "eagle_train.h"
 #include "lora.h"
 #include "lora_ranks.h"
 #include "model_train.h"
@@ -73,78 +74,14 @@ static enum status check_options(const struct train_options *o, int *num_micro)
     return STATUS_OK;
 }
 
-/* Iterations for --epochs: micro-batches of one pass over the shuffled data, counted by
- * running a cursor through it (packing makes the number depend on the order). */
 static int64_t iters_for_epochs(struct trainer *t)
 {
-    struct data_cursor cur = {.seed = t->o->seed, .epoch = 0, .index = 0};
-    int64_t micro = 0;
-    while (cur.epoch == 0) {
-        data_next_micro_batch(&t->train, &cur, t->o->micro_batch_size, t->o->seq_length, &t->mbs[0]);
-        micro++;
-    }
-    const int64_t per_epoch = (micro + t->num_microbatches - 1) / t->num_microbatches;
-    int64_t n = (int64_t)ceil(t->o->epochs * (double)per_epoch);
-    return n > 0 ? n : 1;
-}
-
-/* The Jinja template that chat examples are rendered with, or *out NULL for a built-in one:
- * --chat-template FILE.jinja, else (no --chat-template) the model's own template when its
- * tokenizer encodes the special tokens a template writes, as the server chooses. */
-static enum status chat_jinja(struct trainer *t, struct jinja_template **out)
-{
-    *out = NULL;
-    const struct train_options *o = t->o;
-    enum status st;
-    if (o->chat_template_file) {
-        char *src = NULL;
-        size_t n = 0;
-        if ((st = base_read_file(o->chat_template_file, 4u << 20, "chat template", &src, &n)) != STATUS_OK) return st;
-        st = jinja_compile(src, n, NULL, out);
-        free(src);
-        if (st != STATUS_OK) return status_errorf(st, "--chat-template %s: %s", o->chat_template_file, status_message());
-        return STATUS_OK;
-    }
-    const char *own = t->m->checkpoint ? t->m->checkpoint->chat_template : NULL;
-    if (!o->chat_template_auto || !own || !tokenizer_encodes_special(t->tok)) return STATUS_OK;
-    if (jinja_compile(own, strlen(own), NULL, out) != STATUS_OK) {
-        LOG_WARN("train", "the model's chat template does not compile (%s); chat examples use %s", status_message(),
-                 chat_template_name(o->data_opt.chat_template));
-        *out = NULL;
-        return STATUS_OK;
-    }
-    LOG_INFO("train", "chat examples: the model's own Jinja template");
-    return STATUS_OK;
+    return train_iters_for_epochs(t->o, &t->train, t->num_microbatches, &t->mbs[0]);
 }
 
 static enum status load_data(struct trainer *t)
 {
-    const struct train_options *o = t->o;
-    struct data_options dopt = o->data_opt;
-    if (o->chat_template_auto)
-        dopt.chat_template = chat_template_detect(t->start, t->tok);
-    struct jinja_template *jt = NULL;
-    enum status st = chat_jinja(t, &jt);
-    if (st != STATUS_OK) return st;
-    if (jt) {
-        const int bos = tokenizer_bos_id(t->tok), eos = tokenizer_eos_id(t->tok);
-        const char *b = bos >= 0 ? tokenizer_id_to_piece(t->tok, bos) : NULL, *e = eos >= 0 ? tokenizer_id_to_piece(t->tok, eos) : NULL;
-        snprintf(dopt.bos_text, sizeof dopt.bos_text, "%s", b ? b : "");
-        snprintf(dopt.eos_text, sizeof dopt.eos_text, "%s", e ? e : "");
-        dopt.jinja = jt;
-    }
-    st = data_load(o->data, t->tok, &dopt, &t->train);
-    if (st == STATUS_OK && o->eval_data) st = data_load(o->eval_data, t->tok, &dopt, &t->eval);
-    else if (st == STATUS_OK && o->split_percent > 0) st = data_split(&t->train, o->split_percent, o->seed, &t->eval);
-    jinja_free(jt); /* the data are tokenized */
-    if (st != STATUS_OK) return st;
-    const struct train_dataset *d = &t->train;
-    LOG_INFO("train", "data: %zu examples, %lld tokens (%lld targets); %ld JSONL lines, %ld blank, %ld truncated, "
-             "%ld skipped as too long, %ld without a target; held out: %zu examples; %lld ids tokenized",
-             d->n, (long long)d->n_tokens, (long long)d->n_target_tokens, d->n_lines, d->n_blank,
-             d->n_truncated, d->n_skipped, d->n_no_target, t->eval.n, (long long)d->n_tokenized);
-    if (d->n == 0) return status_errorf(STATUS_INVALID_ARGUMENT, "no training example left after the split");
-    return STATUS_OK;
+    return train_load_data(t->o, t->start, t->m, t->tok, &t->train, &t->eval);
 }
 
 /* compute = master rounded to the compute dtype, tensor by tensor (the two tables match row
@@ -749,6 +686,7 @@ enum status train_run(const struct train_options *given)
         resolved.resume_dir = resume;
     }
     const struct train_options *o = &resolved;
+    if (o->eagle) return eagle_train_run(o);
     struct trainer t = {.o = o};
     enum status st = setup(&t);
     if (st == STATUS_OK && o->resume_dir && train_ranks_leader(&t.ranks))

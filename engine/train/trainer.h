@@ -72,6 +72,11 @@ struct train_options {
     int         distributed_optimizer; /* --use-distributed-optimizer: ZeRO-1 over dp */
     struct train_memory memory;     /* --sequence-parallel, --recompute-*: model_train.h */
     double      rank_timeout_s;     /* --rank-timeout: a peer silent this long ends the job */
+    /* --eagle-head: train an EAGLE-1 draft head for the model (eagle_train.h) instead of the
+     * model itself, written as OUT/eagle_head.safetensors; eagle_ffn its MLP's rows (0: the
+     * model's own, which a mixture of experts lacks). */
+    int         eagle;
+    int         eagle_ffn;
     enum device device;
     int         threads;
     int         progress;         /* 1: a live progress line (a terminal), 0: plain log lines */
@@ -90,5 +95,18 @@ void train_options_default(struct train_options *o);
  * under out_dir/checkpoints/ and STATUS_CANCELLED comes back saying where (unless it was the
  * last iteration: then the run ends as usual). */
 enum status train_run(const struct train_options *o);
+
+/* The run's data (train_data.c): the training set and the held-out one (--eval-data, or --split
+ * of the training set; eval->n 0 without either), tokenized by tok, chat examples rendered with
+ * --chat-template or, with chat_template_auto, the template chosen from the model m loaded from
+ * `start` as serving chooses it. */
+struct tokenizer;
+enum status train_load_data(const struct train_options *o, const char *start, const struct model *m,
+                            const struct tokenizer *tok, struct train_dataset *train, struct train_dataset *eval);
+/* Iterations for --epochs: the micro-batches of one pass over the shuffled data, counted by
+ * running a cursor through it (packing makes the number depend on the order; scratch receives
+ * them), in steps of num_micro. */
+int64_t train_iters_for_epochs(const struct train_options *o, struct train_dataset *train, int num_micro,
+                               struct micro_batch *scratch);
 
 #endif

@@ -1,0 +1,531 @@
+/* engine/train/eagle_train.c - an EAGLE-1 head trained on a frozen model's features
+ * (eagle_train.h).
+ * Tests: tests/test_train_eagle.py. */
+#include "eagle_train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eagle_head.h"
+#include "out_dir.h"
+#include "safetensors.h"
+#include "tokenizer.h"
+#include "train_checkpoint.h"
+
+#define MODULE "train"
+#define EAGLE_ALLOCS 24
+
+struct eagle_trainer {
+    struct backend *b;
+    struct model *target;          /* frozen, borrowed */
+    struct model_train *tt;        /* its passes: the features only */
+    struct model *h;               /* the head: one layer, the target's ends */
+    struct model_train *ht;
+    struct model_weights trained;  /* the head's layer alone: what the table lists (no ends) */
+    struct model_weights grads;    /* like trained */
+    void *grads_mem;
+    struct tensor g_fc_emb, g_fc_feat, g_fc_bias;
+    struct param_table params, gparams;
+    struct optimizer opt;
+    struct tensor emb, feat, x0, tmp; /* (max_tokens, d): the fc's inputs, output, scratch */
+    struct tensor tokens, ids;     /* int32 (max_tokens), (max rows of a layer's matrix) */
+    float *host;                   /* (max_tokens, d): the features on the host */
+    int max_tokens;
+    void *mem[EAGLE_ALLOCS];
+    int n_mem;
+};
+
+static enum status alloc(struct eagle_trainer *e, struct tensor *t, enum dtype dtype, int64_t rows, int64_t cols)
+{
+    if (e->n_mem == EAGLE_ALLOCS) return status_errorf(STATUS_INTERNAL, "eagle trainer: too many allocations");
+    const int64_t shape[2] = {rows, cols};
+    enum status st = backend_alloc_tensor(e->b, t, dtype, cols > 0 ? 2 : 1, shape);
+    if (st == STATUS_OK) e->mem[e->n_mem++] = t->data;
+    return st;
+}
+
+/* A splitmix64 stream and its normal deviates (Box-Muller): the weights the target cannot give. */
+static double uniform01(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return ((double)(z >> 11) + 0.5) / 9007199254740992.0;
+}
+
+/* dst := the target's tensor src times scale where src has dst's shape (any float or block dtype:
+ * the rows are read as the embedding lookup reads a table), else N(0, 0.02) (a matrix) or ones (a
+ * norm). */
+static void init_from(struct eagle_trainer *e, const struct tensor *dst, const struct tensor *src, float scale,
+                      uint64_t *rng)
+{
+    struct backend *b = e->b;
+    const int64_t n = tensor_numel(dst), rows = tensor_rows(dst);
+    if (src && src->data && src->ndim == dst->ndim && tensor_rows(src) == rows && tensor_cols(src) == tensor_cols(dst)) {
+        if (dst->ndim == 2) {
+            struct tensor ids = tensor_first_rows(&e->ids, rows);
+            op_embedding(b, dst, src, &ids, 0);
+        } else if (src->dtype == dst->dtype) {
+            backend_copy(b, dst->data, src->data, tensor_nbytes(dst));
+        } else {
+            op_cast(b, dst, src);
+        }
+        if (scale != 1.0f) op_scale(b, dst, dst, scale);
+        return;
+    }
+    float *v = malloc((size_t)n * sizeof *v);
+    CHECK(v, "eagle trainer: out of host memory");
+    for (int64_t i = 0; i < n; i++)
+        v[i] = dst->ndim == 1 ? 1.0f
+                              : (float)(0.02 * sqrt(-2.0 * log(uniform01(rng))) * cos(6.283185307179586 * uniform01(rng)));
+    backend_upload(b, dst->data, v, (size_t)n * sizeof *v);
+    free(v);
+}
+
+/* The head's weights and where they start: the target's last layer, its output projections
+ * damped, and the fc the identity on the feature half (tools/eagle_probe.py's start). */
+static enum status head_weights(struct eagle_trainer *e, uint64_t seed)
+{
+    struct model *h = e->h;
+    const struct model_config *c = &h->cfg;
+    const int64_t D = c->d_model, hq = (int64_t)c->n_heads * c->head_dim, hkv = (int64_t)c->n_kv_heads * c->head_dim;
+    const int64_t F = c->ffn_hidden;
+    struct layer_weights *w = &h->w.layers[0];
+    const struct layer_weights *src = &e->target->w.layers[e->target->n_layers_local - 1];
+    const struct {
+        struct tensor *t;
+        const struct tensor *src;
+        int64_t rows, cols;
+        float scale;
+    } list[] = {
+        {&w->wq, &src->wq, hq, D, 1.0f}, {&w->wk, &src->wk, hkv, D, 1.0f}, {&w->wv, &src->wv, hkv, D, 1.0f},
+        {&w->wo, &src->wo, D, hq, 0.05f}, {&w->mlp_norm, &src->mlp_norm, D, 0, 1.0f},
+        {&w->w_gate, &src->w_gate, F, D, 1.0f}, {&w->w_up, &src->w_up, F, D, 1.0f},
+        {&w->w_down, &src->w_down, D, F, 0.05f},
+    };
+    int64_t most = D;
+    for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) most = list[i].rows > most ? list[i].rows : most;
+    enum status st = alloc(e, &e->ids, DTYPE_I32, most, 0);
+    int32_t *ids = st == STATUS_OK ? malloc((size_t)most * sizeof *ids) : NULL;
+    if (st == STATUS_OK && !ids) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
+    if (st != STATUS_OK) return st;
+    for (int64_t i = 0; i < most; i++) ids[i] = (int32_t)i;
+    backend_upload(e->b, e->ids.data, ids, (size_t)most * sizeof *ids);
+    free(ids);
+    uint64_t rng = seed ^ 0xEA61E5EEDull;
+    for (size_t i = 0; i < sizeof list / sizeof list[0] && st == STATUS_OK; i++)
+        if ((st = alloc(e, list[i].t, DTYPE_F32, list[i].rows, list[i].cols)) == STATUS_OK)
+            init_from(e, list[i].t, list[i].src, list[i].scale, &rng);
+    if (st == STATUS_OK) st = alloc(e, &h->input_fc_emb, DTYPE_F32, D, D);
+    if (st == STATUS_OK) st = alloc(e, &h->input_fc_feat, DTYPE_F32, D, D);
+    if (st == STATUS_OK) st = alloc(e, &h->input_fc_bias, DTYPE_F32, D, 0);
+    if (st != STATUS_OK) return st;
+    float *eye = calloc((size_t)(D * D), sizeof *eye);
+    if (!eye) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
+    for (int64_t i = 0; i < D; i++) eye[i * D + i] = 1.0f;
+    backend_upload(e->b, h->input_fc_feat.data, eye, (size_t)(D * D) * sizeof *eye);
+    free(eye);
+    backend_memset_zero(e->b, h->input_fc_emb.data, tensor_nbytes(&h->input_fc_emb));
+    backend_memset_zero(e->b, h->input_fc_bias.data, tensor_nbytes(&h->input_fc_bias));
+    return STATUS_OK;
+}
+
+enum status eagle_trainer_new(struct model *target, int ffn, int max_tokens, const struct optimizer_options *o,
+                              uint64_t seed, struct eagle_trainer **out)
+{
+    *out = NULL;
+    const char *why = eagle_head_unfit(target);
+    if (why) return status_errorf(STATUS_UNSUPPORTED, "--eagle-head: %s cannot carry an EAGLE head: %s",
+                                  target->cfg.architecture, why);
+    if (target->tp_size > 1 || target->pp_size > 1 || target->dtype != DTYPE_F32)
+        return status_errorf(STATUS_UNSUPPORTED, "--eagle-head trains on one rank in f32 (tp %d, pp %d, %s given)",
+                             target->tp_size, target->pp_size, dtype_name(target->dtype));
+    if (ffn <= 0) ffn = target->cfg.ffn_hidden;
+    if (ffn <= 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--eagle-head: %s has no dense MLP size; give --eagle-ffn N",
+                             target->cfg.architecture);
+    struct eagle_trainer *e = calloc(1, sizeof *e);
+    struct model *h = calloc(1, sizeof *h);
+    struct layer_weights *layer = calloc(1, sizeof *layer);
+    if (!e || !h || !layer) {
+        free(e), free(h), free(layer);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
+    }
+    *out = e;
+    e->b = target->b;
+    e->target = target;
+    e->h = h;
+    e->max_tokens = max_tokens;
+    h->b = target->b;
+    h->w.layers = layer;
+    eagle_head_shape(h, target, target, ffn);
+    const int64_t D = h->cfg.d_model;
+    enum status st = head_weights(e, seed);
+    e->trained = (struct model_weights){.n_layers = 1, .layers = h->w.layers};
+    if (st == STATUS_OK) st = weights_alloc_like(e->b, &e->trained, DTYPE_F32, &e->grads, &e->grads_mem);
+    if (st == STATUS_OK) st = alloc(e, &e->g_fc_emb, DTYPE_F32, D, D);
+    if (st == STATUS_OK) st = alloc(e, &e->g_fc_feat, DTYPE_F32, D, D);
+    if (st == STATUS_OK) st = alloc(e, &e->g_fc_bias, DTYPE_F32, D, 0);
+    if (st == STATUS_OK) st = param_table_from_weights(&e->params, &e->trained, h->layer_first);
+    if (st == STATUS_OK) st = param_table_from_weights(&e->gparams, &e->grads, h->layer_first);
+    if (st == STATUS_OK) st = param_table_add(&e->params, "fc_emb", &h->input_fc_emb, 1);
+    if (st == STATUS_OK) st = param_table_add(&e->params, "fc_feat", &h->input_fc_feat, 1);
+    if (st == STATUS_OK) st = param_table_add(&e->params, "fc_bias", &h->input_fc_bias, 0);
+    if (st == STATUS_OK) st = param_table_add(&e->gparams, "fc_emb", &e->g_fc_emb, 1);
+    if (st == STATUS_OK) st = param_table_add(&e->gparams, "fc_feat", &e->g_fc_feat, 1);
+    if (st == STATUS_OK) st = param_table_add(&e->gparams, "fc_bias", &e->g_fc_bias, 0);
+    if (st == STATUS_OK) st = optimizer_init(&e->opt, e->b, &e->params, o);
+    if (st == STATUS_OK) st = alloc(e, &e->emb, DTYPE_F32, max_tokens, D);
+    if (st == STATUS_OK) st = alloc(e, &e->feat, DTYPE_F32, max_tokens, D);
+    if (st == STATUS_OK) st = alloc(e, &e->x0, DTYPE_F32, max_tokens, D);
+    if (st == STATUS_OK) st = alloc(e, &e->tmp, DTYPE_F32, max_tokens, D);
+    if (st == STATUS_OK) st = alloc(e, &e->tokens, DTYPE_I32, max_tokens, 0);
+    if (st == STATUS_OK && !(e->host = malloc((size_t)max_tokens * (size_t)D * sizeof *e->host)))
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
+    if (st == STATUS_OK) st = model_train_new(target, max_tokens, NULL, &e->tt);
+    if (st == STATUS_OK) st = model_train_new(h, max_tokens, NULL, &e->ht);
+    if (st != STATUS_OK) {
+        eagle_trainer_free(e);
+        *out = NULL;
+    }
+    return st;
+}
+
+void eagle_trainer_free(struct eagle_trainer *e)
+{
+    if (!e) return;
+    model_train_free(e->ht);
+    model_train_free(e->tt);
+    optimizer_free(&e->opt, e->b);
+    param_table_free(&e->params);
+    param_table_free(&e->gparams);
+    weights_free_layers(&e->grads);
+    backend_free(e->b, e->grads_mem);
+    for (int i = 0; i < e->n_mem; i++) backend_free(e->b, e->mem[i]);
+    if (e->h) free(e->h->w.layers);
+    free(e->h);
+    free(e->host);
+    free(e);
+}
+
+int eagle_head_targets(const struct train_batch *tb, int32_t *out)
+{
+    int n = 0;
+    for (int i = 0; i < tb->n_tokens; i++) {
+        out[i] = tb->positions[i] > 0 ? tb->targets[i] : -1;
+        n += out[i] >= 0;
+    }
+    return n;
+}
+
+void eagle_trainer_zero_grads(struct eagle_trainer *e)
+{
+    weights_zero(e->b, &e->grads);
+    backend_memset_zero(e->b, e->g_fc_emb.data, tensor_nbytes(&e->g_fc_emb));
+    backend_memset_zero(e->b, e->g_fc_feat.data, tensor_nbytes(&e->g_fc_feat));
+    backend_memset_zero(e->b, e->g_fc_bias.data, tensor_nbytes(&e->g_fc_bias));
+}
+
+enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batch *tb, const int32_t *targets,
+                                float grad_scale, int backward, double *loss_sum, int *n_real)
+{
+    struct backend *b = e->b;
+    struct model *h = e->h;
+    const int64_t T = tb->n_tokens, D = h->cfg.d_model;
+    *loss_sum = 0.0;
+    *n_real = 0;
+    if (T > e->max_tokens)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "eagle trainer: a micro-batch of %lld rows (at most %d)",
+                             (long long)T, e->max_tokens);
+    /* The features: the frozen model's rows after its final norm, row p reading row p - 1's
+     * (zeros at a document's first row, which carries no loss). */
+    struct train_batch ft = *tb;
+    ft.hidden_only = 1;
+    ft.input = NULL;
+    double unused = 0.0;
+    int unused_n = 0;
+    enum status st = model_forward_train(e->tt, &ft, &unused, &unused_n);
+    if (st != STATUS_OK) return st;
+    struct tensor hid = model_train_final_hidden(e->tt, (int)T);
+    backend_download(b, e->host, hid.data, tensor_nbytes(&hid));
+    for (int64_t p = T - 1; p >= 0; p--) {
+        float *row = e->host + p * D;
+        if (tb->positions[p] > 0) memcpy(row, row - D, (size_t)D * sizeof *row);
+        else memset(row, 0, (size_t)D * sizeof *row);
+    }
+    struct tensor feat = tensor_first_rows(&e->feat, T), emb = tensor_first_rows(&e->emb, T);
+    struct tensor x0 = tensor_first_rows(&e->x0, T), tmp = tensor_first_rows(&e->tmp, T);
+    struct tensor tokens = tensor_first_rows(&e->tokens, T);
+    backend_upload(b, feat.data, e->host, tensor_nbytes(&feat));
+    backend_upload(b, tokens.data, tb->tokens, (size_t)T * sizeof(int32_t));
+    /* x0 = scale E[t] W_e^T + f W_f^T + bias (model.c's input_from_features, in training). */
+    op_embedding(b, &emb, &e->target->w.tok_embedding, &tokens, 0);
+    if (h->cfg.embed_scale != 0.0f && h->cfg.embed_scale != 1.0f) op_scale(b, &emb, &emb, h->cfg.embed_scale);
+    op_matmul(b, &x0, &emb, &h->input_fc_emb, &h->input_fc_bias);
+    op_matmul(b, &tmp, &feat, &h->input_fc_feat, NULL);
+    op_add(b, &x0, &x0, &tmp);
+    struct train_batch hb = *tb;
+    hb.targets = targets;
+    hb.grad_scale = grad_scale;
+    hb.input = &x0;
+    hb.hidden_only = 0;
+    if ((st = model_forward_train(e->ht, &hb, loss_sum, n_real)) != STATUS_OK || !backward) return st;
+    if ((st = model_backward(e->ht, &hb, &e->grads)) != STATUS_OK) return st;
+    struct tensor dx0 = model_train_boundary_grad(e->ht, (int)T);
+    op_matmul_backward(b, NULL, &e->g_fc_emb, &e->g_fc_bias, &dx0, &emb, &h->input_fc_emb, 0);
+    op_matmul_backward(b, NULL, &e->g_fc_feat, NULL, &dx0, &feat, &h->input_fc_feat, 0);
+    backend_synchronize(b);
+    return STATUS_OK;
+}
+
+double eagle_trainer_step(struct eagle_trainer *e, double lr)
+{
+    const double norm = optimizer_grad_norm(&e->opt, e->b, &e->gparams);
+    optimizer_step(&e->opt, e->b, &e->params, &e->gparams, lr, norm, 1.0);
+    return norm;
+}
+
+const struct param_table *eagle_trainer_params(const struct eagle_trainer *e) { return &e->params; }
+
+/* ---- the file ------------------------------------------------------------------------------ */
+
+static float *download_f32(struct eagle_trainer *e, const struct tensor *t)
+{
+    float *v = malloc((size_t)tensor_numel(t) * sizeof *v);
+    if (v) backend_download(e->b, v, t->data, tensor_nbytes(t));
+    return v;
+}
+
+enum status eagle_trainer_save(struct eagle_trainer *e, const char *path)
+{
+    const struct model *h = e->h;
+    const struct layer_weights *w = &h->w.layers[0];
+    const int64_t D = h->cfg.d_model;
+    const struct {
+        const char *name;
+        const struct tensor *t;
+    } list[] = {
+        {"fc.bias", &h->input_fc_bias},
+        {"layers.0.self_attn.q_proj.weight", &w->wq},
+        {"layers.0.self_attn.k_proj.weight", &w->wk},
+        {"layers.0.self_attn.v_proj.weight", &w->wv},
+        {"layers.0.self_attn.o_proj.weight", &w->wo},
+        {"layers.0.post_attention_layernorm.weight", &w->mlp_norm},
+        {"layers.0.mlp.gate_proj.weight", &w->w_gate},
+        {"layers.0.mlp.up_proj.weight", &w->w_up},
+        {"layers.0.mlp.down_proj.weight", &w->w_down},
+    };
+    enum { N = sizeof list / sizeof list[0] };
+    float *host[N + 1] = {0};
+    struct safetensors_writer *sw = NULL;
+    enum status st = safetensors_writer_begin(path, &sw);
+    /* fc.weight: row r is [W_e row r | W_f row r] */
+    float *we = st == STATUS_OK ? download_f32(e, &h->input_fc_emb) : NULL;
+    float *wf = st == STATUS_OK ? download_f32(e, &h->input_fc_feat) : NULL;
+    host[N] = st == STATUS_OK ? malloc((size_t)(2 * D * D) * sizeof(float)) : NULL;
+    if (st == STATUS_OK && (!we || !wf || !host[N]))
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
+    for (int64_t r = 0; st == STATUS_OK && r < D; r++) {
+        memcpy(host[N] + r * 2 * D, we + r * D, (size_t)D * sizeof(float));
+        memcpy(host[N] + r * 2 * D + D, wf + r * D, (size_t)D * sizeof(float));
+    }
+    free(we);
+    free(wf);
+    const int64_t fc_shape[2] = {D, 2 * D};
+    if (st == STATUS_OK) st = safetensors_writer_add(sw, "fc.weight", DTYPE_F32, 2, fc_shape, host[N]);
+    for (int i = 0; i < N && st == STATUS_OK; i++) {
+        if (!(host[i] = download_f32(e, list[i].t))) {
+            st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
+            break;
+        }
+        st = safetensors_writer_add(sw, list[i].name, DTYPE_F32, list[i].t->ndim, list[i].t->shape, host[i]);
+    }
+    if (st == STATUS_OK)
+        st = safetensors_writer_set_metadata(sw, "rope_style", h->cfg.rope_style == ROPE_STYLE_PAIRS ? "pairs" : "halves");
+    if (st == STATUS_OK) st = safetensors_writer_set_metadata(sw, "target_architecture", h->cfg.architecture);
+    if (st == STATUS_OK) st = safetensors_writer_set_metadata(sw, "trained_by", "shardlm train --eagle-head");
+    if (st == STATUS_OK) {
+        st = safetensors_writer_finish(sw);
+        sw = NULL;
+    }
+    safetensors_writer_free(sw);
+    for (int i = 0; i <= N; i++) free(host[i]);
+    if (st != STATUS_OK) return status_errorf(st, "--eagle-head: writing %s: %s", path, status_message());
+    return STATUS_OK;
+}
+
+/* ---- the command ----------------------------------------------------------------------------- */
+
+struct eagle_run {
+    const struct train_options *o;
+    struct backend *b;
+    struct model *m;
+    struct tokenizer *tok;
+    struct eagle_trainer *e;
+    struct train_dataset train, eval;
+    struct micro_batch *mbs;
+    int num_micro;
+    int32_t *targets;              /* (num_micro, micro x seq): the head's targets of each micro-batch */
+    FILE *metrics;
+};
+
+static struct train_batch batch_of(const struct micro_batch *mb)
+{
+    return (struct train_batch){.n_tokens = mb->n_tokens, .tokens = mb->tokens, .targets = mb->targets,
+                                .positions = mb->positions, .n_docs = mb->n_docs, .doc_start = mb->doc_start};
+}
+
+static enum status run_setup(struct eagle_run *r)
+{
+    const struct train_options *o = r->o;
+    if (o->tp > 1 || o->pp > 1 || o->lora_rank > 0 || o->resume_dir || o->precision != TRAIN_PRECISION_F32 ||
+        o->distributed_optimizer || o->ep > 1 || o->moe_aux_loss_coeff != 0.0f || o->moe_z_loss_coeff != 0.0f ||
+        o->moe_router_bias_update_rate != 0.0f)
+        return status_errorf(STATUS_UNSUPPORTED, "--eagle-head trains one head on one rank in f32: it takes none of "
+                             "--tp, --pp, --ep, --lora-rank, --resume, --bf16/--fp16, --use-distributed-optimizer, "
+                             "the --moe-* losses");
+    if (o->micro_batch_size < 1 || o->global_batch_size < 1 || o->global_batch_size % o->micro_batch_size)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "--global-batch-size (%d) must be a positive multiple of --micro-batch-size (%d)",
+                             o->global_batch_size, o->micro_batch_size);
+    if (o->train_iters <= 0 && o->epochs <= 0) return status_errorf(STATUS_INVALID_ARGUMENT, "give --train-iters or --epochs");
+    if (o->seq_length < 2) return status_errorf(STATUS_INVALID_ARGUMENT, "--seq-length must be at least 2");
+    r->num_micro = o->global_batch_size / o->micro_batch_size;
+    enum status st = out_dir_check(o->out_dir, o->model_dir, NULL, o->overwrite_out);
+    if (st == STATUS_OK) st = train_checkpoint_make_dir(o->out_dir);
+    if (st == STATUS_OK) st = backend_open(o->device, 0, o->threads, &r->b);
+    if (st == STATUS_OK) st = model_load_as(o->model_dir, r->b, NULL, DTYPE_F32, &r->m);
+    if (st != STATUS_OK) return st;
+    const struct checkpoint *ck = r->m->checkpoint;
+    if ((st = tokenizer_load_for_model(o->model_dir, ck->tokenizer_proto, ck->tokenizer_proto_n, r->m->cfg.vocab_size,
+                                       &r->tok)) != STATUS_OK)
+        return st;
+    r->mbs = calloc((size_t)r->num_micro, sizeof *r->mbs);
+    r->targets = malloc((size_t)r->num_micro * (size_t)o->micro_batch_size * (size_t)o->seq_length * sizeof *r->targets);
+    if (!r->mbs || !r->targets) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of memory");
+    for (int i = 0; i < r->num_micro; i++)
+        if ((st = micro_batch_init(&r->mbs[i], o->micro_batch_size, o->seq_length)) != STATUS_OK) return st;
+    if ((st = train_load_data(o, o->model_dir, r->m, r->tok, &r->train, &r->eval)) != STATUS_OK) return st;
+    if ((st = eagle_trainer_new(r->m, o->eagle_ffn, o->micro_batch_size * o->seq_length, &o->opt, o->seed, &r->e)) !=
+        STATUS_OK)
+        return st;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+    const char *mp = o->metrics_path ? o->metrics_path : path;
+    if (!(r->metrics = fopen(mp, "w"))) return status_errorf(STATUS_IO, "%s: cannot open the metrics file", mp);
+    LOG_INFO(MODULE, "EAGLE head for %s: one layer (d_model %d, MLP %d), %lld parameters trained; the model frozen",
+             r->m->cfg.architecture, r->m->cfg.d_model, o->eagle_ffn > 0 ? o->eagle_ffn : r->m->cfg.ffn_hidden,
+             (long long)param_table_numel(eagle_trainer_params(r->e)));
+    return STATUS_OK;
+}
+
+/* The head's mean loss over eval_iters micro-batches of the held-out set, from its start. */
+static enum status run_eval(struct eagle_run *r, double *loss, int64_t *n)
+{
+    const struct train_options *o = r->o;
+    struct data_cursor cur = {.seed = o->seed};
+    double sum = 0.0;
+    *n = 0;
+    for (int i = 0; i < o->eval_iters && cur.epoch == 0; i++) {
+        data_next_micro_batch(&r->eval, &cur, o->micro_batch_size, o->seq_length, &r->mbs[0]);
+        if (r->mbs[0].n_tokens == 0) continue;
+        const struct train_batch tb = batch_of(&r->mbs[0]);
+        double ls = 0.0;
+        int nr = 0;
+        eagle_head_targets(&tb, r->targets);
+        enum status st = eagle_trainer_micro(r->e, &tb, r->targets, 0.0f, 0, &ls, &nr);
+        if (st != STATUS_OK) return st;
+        sum += ls;
+        *n += nr;
+    }
+    *loss = *n > 0 ? sum / (double)*n : 0.0;
+    return STATUS_OK;
+}
+
+static enum status run_loop(struct eagle_run *r)
+{
+    const struct train_options *o = r->o;
+    struct optimizer_options opt = o->opt;
+    const int64_t iters = o->train_iters > 0 ? o->train_iters
+                                             : train_iters_for_epochs(o, &r->train, r->num_micro, &r->mbs[0]);
+    if (opt.decay_iters <= 0) opt.decay_iters = iters;
+    struct data_cursor cur = {.seed = o->seed};
+    const size_t cap = (size_t)o->micro_batch_size * (size_t)o->seq_length;
+    const double t0 = base_now_s();
+    LOG_INFO(MODULE, "%lld iterations of %d packed sequences of up to %d tokens", (long long)iters,
+             o->global_batch_size, o->seq_length);
+    for (int64_t it = 0; it < iters; it++) {
+        int64_t targets = 0, tokens = 0;
+        for (int i = 0; i < r->num_micro; i++) {
+            data_next_micro_batch(&r->train, &cur, o->micro_batch_size, o->seq_length, &r->mbs[i]);
+            const struct train_batch tb = batch_of(&r->mbs[i]);
+            tokens += tb.n_tokens;
+            targets += tb.n_tokens > 0 ? eagle_head_targets(&tb, r->targets + (size_t)i * cap) : 0;
+        }
+        eagle_trainer_zero_grads(r->e);
+        double loss = 0.0;
+        for (int i = 0; i < r->num_micro && targets > 0; i++) {
+            if (r->mbs[i].n_tokens == 0) continue;
+            const struct train_batch tb = batch_of(&r->mbs[i]);
+            double ls = 0.0;
+            int nr = 0;
+            enum status st = eagle_trainer_micro(r->e, &tb, r->targets + (size_t)i * cap, (float)(1.0 / (double)targets),
+                                                 1, &ls, &nr);
+            if (st != STATUS_OK) return st;
+            loss += ls;
+        }
+        const double lr = optimizer_lr(&opt, it), mean = targets > 0 ? loss / (double)targets : 0.0;
+        const double norm = targets > 0 ? eagle_trainer_step(r->e, lr) : 0.0;
+        if (!isfinite(mean) || !isfinite(norm))
+            return status_errorf(STATUS_INTERNAL, "iteration %lld: the loss (%g) or the gradient norm (%g) is not finite",
+                                 (long long)it + 1, mean, norm);
+        const double el = base_now_s() - t0;
+        fprintf(r->metrics, "{\"iter\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tokens\": %lld, "
+                "\"targets\": %lld, \"elapsed_s\": %.3f}\n", (long long)it + 1, mean, lr, norm, (long long)tokens,
+                (long long)targets, el);
+        fflush(r->metrics);
+        if (o->log_interval > 0 && ((it + 1) % o->log_interval == 0 || it + 1 == iters))
+            LOG_INFO(MODULE, "iteration %lld/%lld: head loss %.4f, lr %.3g, grad norm %.3f (%.1f s)", (long long)it + 1,
+                     (long long)iters, mean, lr, norm, el);
+        const int last = it + 1 == iters;
+        if (r->eval.n > 0 && o->eval_iters > 0 && (last || (o->eval_interval > 0 && (it + 1) % o->eval_interval == 0))) {
+            double el_loss = 0.0;
+            int64_t n = 0;
+            enum status st = run_eval(r, &el_loss, &n);
+            if (st != STATUS_OK) return st;
+            fprintf(r->metrics, "{\"iter\": %lld, \"eval_loss\": %.6f, \"eval_ppl\": %.4f, \"eval_targets\": %lld}\n",
+                    (long long)it + 1, el_loss, exp(el_loss), (long long)n);
+            LOG_INFO(MODULE, "iteration %lld: held-out head loss %.4f over %lld targets", (long long)it + 1, el_loss,
+                     (long long)n);
+        }
+    }
+    return STATUS_OK;
+}
+
+enum status eagle_train_run(const struct train_options *o)
+{
+    struct eagle_run r = {.o = o};
+    enum status st = run_setup(&r);
+    if (st == STATUS_OK) st = run_loop(&r);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/eagle_head.safetensors", o->out_dir);
+    if (st == STATUS_OK) st = eagle_trainer_save(r.e, path);
+    if (st == STATUS_OK) LOG_INFO(MODULE, "wrote %s (serve it with --speculative eagle --draft-model %s)", path, path);
+    char why[1024] = "";
+    if (st != STATUS_OK) snprintf(why, sizeof why, "%s", status_message());
+    if (r.metrics) fclose(r.metrics);
+    eagle_trainer_free(r.e);
+    for (int i = 0; r.mbs && i < r.num_micro; i++) micro_batch_free(&r.mbs[i]);
+    free(r.mbs);
+    free(r.targets);
+    data_free(&r.train);
+    data_free(&r.eval);
+    tokenizer_free(r.tok);
+    model_free(r.m);
+    if (r.b) backend_close(r.b);
+    if (st != STATUS_OK) return status_errorf(st, "%s", why);
+    return STATUS_OK;
+}

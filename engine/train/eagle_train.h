@@ -1,0 +1,70 @@
+/* engine/train/eagle_train.h - `shardlm train --eagle-head`: an EAGLE-1 draft head (Li et al.
+ * 2024; eagle_head.h) trained for a frozen model from that model's own hidden states, written
+ * as the file `shardlm serve --speculative eagle --draft-model` loads.
+ *
+ * A micro-batch of packed documents runs through the frozen model (its training forward, up to
+ * the final norm: the features f); the head's row p (a position p > 0 of its document) reads
+ * x_p = embed(t_p) W_e^T + f_{p-1} W_f^T + b, its one layer, and the model's own LM head
+ * (frozen), and its loss is the cross-entropy against the data's next token t_{p+1} where the
+ * data carry a target (EAGLE-3's token loss; the data are best the model's own answers,
+ * tools/distill_data.py). Gradients reach the layer and the fc only; AdamW as the trainer's.
+ * The head starts as the probe's (tools/eagle_probe.py): the model's last layer where its shapes
+ * match, its output projections damped x 0.05, the fc the identity on the feature half.
+ *
+ * One rank, f32 (the CPU, or one GPU), no resume: refused by name otherwise.
+ * Not here: the model's own training (trainer.c), serving the head (engine/serving/draft.c).
+ * Tests: tests/test_train_eagle.py (steps against JAX + optax; the head served). */
+#ifndef SHARDLM_EAGLE_TRAIN_H
+#define SHARDLM_EAGLE_TRAIN_H
+
+#include "model_train.h"
+#include "optimizer.h"
+#include "params.h"
+#include "trainer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct eagle_trainer;
+
+/* A head of ffn MLP rows (0: the target's ffn_hidden) for target (one rank, f32, borrowed:
+ * it must outlive the trainer), micro-batches of at most max_tokens rows, AdamW per o (its lr
+ * is each step's), random weights (where the target's last layer does not fit) drawn from seed.
+ * STATUS_UNSUPPORTED for a target that cannot carry a head or is sharded / not f32. */
+enum status eagle_trainer_new(struct model *target, int ffn, int max_tokens, const struct optimizer_options *o,
+                              uint64_t seed, struct eagle_trainer **out);
+void eagle_trainer_free(struct eagle_trainer *e);
+
+/* The head's targets of a data micro-batch: tb's targets, -1 at each document's first row (no
+ * feature before it). Returns how many are >= 0. out has tb->n_tokens entries. */
+int eagle_head_targets(const struct train_batch *tb, int32_t *out);
+
+/* Zeroes the gradients (a step begins). */
+void eagle_trainer_zero_grads(struct eagle_trainer *e);
+/* One micro-batch: the features, the head's forward (loss summed into *loss_sum over *n_real
+ * rows) and, when backward, its backward: the gradients += grad_scale x d(loss sum). targets
+ * from eagle_head_targets(tb). */
+enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batch *tb, const int32_t *targets,
+                                float grad_scale, int backward, double *loss_sum, int *n_real);
+/* Clips by the global norm and takes one AdamW step at lr; returns the norm before clipping. */
+double eagle_trainer_step(struct eagle_trainer *e, double lr);
+
+/* What trains, in a fixed order: the layer's weights named as weights.h's table ("q/L", ...)
+ * and "fc_emb", "fc_feat", "fc_bias"; and their gradients, row for row. */
+const struct param_table *eagle_trainer_params(const struct eagle_trainer *e);
+
+/* Writes the head: EAGLE's tensor names (fc.weight (d, 2d) = [W_e | W_f], fc.bias,
+ * layers.0.self_attn.*, layers.0.post_attention_layernorm.weight, layers.0.mlp.*), f32, with
+ * metadata rope_style and the target's architecture. */
+enum status eagle_trainer_save(struct eagle_trainer *e, const char *path);
+
+/* The command: o->model_dir's model frozen, o->data, the schedule and AdamW of o, the head
+ * written to o->out_dir/eagle_head.safetensors with o->out_dir/metrics.jsonl. */
+enum status eagle_train_run(const struct train_options *o);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
