@@ -13,7 +13,9 @@
    data's next token; optax.adamw with weight decay on matrices. Checks: each step's loss within
    1e-5 relative, the gradient norms within 1e-4, every head parameter after the steps within
    1e-5; the target's weights bit for bit unchanged; the head's start (the target's last layer,
-   o and down x 0.05, fc = [0 | I]); the written file holds the final weights under EAGLE's names.
+   o and down x 0.05, fc = [0 | I]); the written file holds the final weights under EAGLE's names;
+   and with a token map (--spec-token-map: the LM head's rows of its ids, the targets outside it
+   masked) the same steps.
 2. Served: stories260K (tests/golden_setup.sh), a head trained by `shardlm train --eagle-head` on
    stories the model sampled itself, then `shardlm generate --speculative eagle`: the greedy
    text equals the text without speculation, and at least 30 % of the drafts are accepted
@@ -64,9 +66,10 @@ def check(ok, msg):
         N_FAIL += 1
 
 
-def run_driver(driver, model_dir, prefix, ffn, batch_paths):
+def run_driver(driver, model_dir, prefix, ffn, batch_paths, token_map=None):
+    env = dict(os.environ, EAGLE_TOKEN_MAP=token_map or "")
     r = subprocess.run([driver, "--eagle", model_dir, prefix, str(STEPS), repr(LR), repr(WD), repr(CLIP), repr(EPS),
-                        str(ffn)] + batch_paths, capture_output=True, text=True)
+                        str(ffn)] + batch_paths, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError("driver failed: %s" % r.stderr[-2000:])
     meta = json.load(open(prefix + ".json"))
@@ -98,27 +101,35 @@ def features(target, spec, batch):
     return f
 
 
-def head_batch(batch):
+def head_batch(batch, tmap=None):
+    """The head's targets: none at a document's first row; with a token map, the target's index
+    in it (none outside it)."""
     b = dict(batch)
-    b["targets"] = np.where(batch["positions"] > 0, batch["targets"], -1)
+    t = np.where(batch["positions"] > 0, batch["targets"], -1)
+    if tmap is not None:
+        row = {tok: i for i, tok in enumerate(tmap)}
+        t = np.array([row.get(int(x), -1) if x >= 0 else -1 for x in t])
+    b["targets"] = t
     return b
 
 
-def reference_steps(kind, cfg, spec, target, init, batches, last):
+def reference_steps(kind, cfg, spec, target, init, batches, last, tmap=None):
     d = spec["d"]
     hspec = {"kind": "llama", "n_layers": 1, "d": d, "n_heads": spec["n_heads"], "n_kv": spec["n_kv"],
              "head_dim": spec["head_dim"], "scale": 1.0 / math.sqrt(spec["head_dim"]), "eps": spec["eps"],
              "theta": cfg["rope_theta"], "cfg": None, "tied": False, "no_attn_norm": True, "no_final_norm": True,
              "final_cap": spec.get("final_cap")}
     head_w = target["tok_embedding/-1"] if spec["tied"] else target["lm_head/-1"]
+    if tmap is not None:  # the LM head's rows of the map's tokens
+        head_w = head_w[np.asarray(tmap)]
     emb_scale = math.sqrt(d) if kind in ("gemma2", "gemma3") else 1.0
     prepared = []
     for b in batches:
-        hb = head_batch(b)
+        hb = head_batch(b, tmap)
         prepared.append(({k: jnp.asarray(v) for k, v in hb.items() if k != "doc_start"},
                          jnp.asarray(features(target, spec, b)),
                          jnp.asarray(target["tok_embedding/-1"][b["tokens"]] * emb_scale)))
-    n_targets = sum(int(np.sum(head_batch(b)["targets"] >= 0)) for b in batches)
+    n_targets = sum(int(np.sum(head_batch(b, tmap)["targets"] >= 0)) for b in batches)
 
     def loss_fn(p):
         total = 0.0
@@ -202,6 +213,22 @@ def steps_check(driver, tmp):
         for n, k in names.items():
             ok = ok and np.array_equal(st["layers.0.%s.weight" % n], final[head_name(k, last)])
         check(ok and len(st) == 10, "%s: the head's file holds the final weights under EAGLE's %d names" % (kind, len(st)))
+        if kind != "llama":
+            continue
+        # A token map: the head's logits over 2 of every 3 ids (targets outside it carry no loss).
+        tmap = [i for i in range(cfg["vocab_size"]) if i % 3]
+        mpath = os.path.join(tmp, "map.json")
+        with open(mpath, "w") as f:
+            json.dump(tmap[::-1], f)  # any order: the rows follow the ids ascending
+        meta, target, _, init, final = run_driver(driver, mdir, prefix + "_map", 0, paths, mpath)
+        spec["tied"] = bool(meta["tied"])
+        losses, norms, ref = reference_steps(kind, cfg, spec, target, init, [b1, b2], last, tmap)
+        lrel = max(abs(a - b) / abs(b) for a, b in zip(meta["losses"], losses))
+        prel, pkey = max_rel(final, ref)
+        nrel = max(abs(a - b) / b for a, b in zip(meta["grad_norms"], norms))
+        check(lrel < 1e-5 and nrel < 1e-4 and prel < 1e-5, "%s, token map of %d ids: losses %s, norms, parameters "
+              "match JAX (rel %.1e, %.1e, %.1e)" % (kind, len(tmap), " ".join("%.5f" % x for x in meta["losses"]),
+                                                   lrel, nrel, prel))
 
 
 def run(cmd, **kw):
@@ -269,6 +296,8 @@ def refusals_check(shardlm, golden, tmp):
     base = [shardlm, "train", "--model", model, "--data", data, "--train-iters", "1", "--seq-length", "32"]
     cases = [
         (["--eagle-ffn", "64", "--out", os.path.join(tmp, "r1")], "--eagle-ffn applies to --eagle-head"),
+        (["--spec-token-map", data, "--out", os.path.join(tmp, "r0")], "--spec-token-map applies to --eagle-head"),
+        (["--eagle-head", "--spec-token-map", data, "--out", os.path.join(tmp, "r4")], "not a JSON array"),
         (["--eagle-head", "--lora-rank", "4", "--out", os.path.join(tmp, "r2")], "--lora-rank"),
         (["--eagle-head", "--bf16", "--out", os.path.join(tmp, "r3")], "--bf16"),
         (["--eagle-head", "--out", model], model.rstrip("/")),

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eagle_head.h"
 #include "eagle_train.h"
 #include "model_train.h"
 #include "optimizer.h"
@@ -85,15 +86,21 @@ static int eagle_main(int argc, char **argv)
         read_batch(argv[9 + i], &mb[i]);
         if (mb[i].tb.n_tokens > max_tokens) max_tokens = mb[i].tb.n_tokens;
         CHECK((targets[i] = malloc((size_t)mb[i].tb.n_tokens * sizeof **targets)), "out of memory");
-        n_targets += eagle_head_targets(&mb[i].tb, targets[i]);
     }
     struct backend *b = NULL;
     struct model *m = NULL;
     struct eagle_trainer *e = NULL;
     CHECK(backend_open(DEVICE_CPU, 0, 0, &b) == STATUS_OK, "backend: %s", status_message());
     enum status st = model_load_as(argv[1], b, NULL, DTYPE_F32, &m);
-    if (st == STATUS_OK) st = eagle_trainer_new(m, atoi(argv[8]), max_tokens, &oo, 1234, &e);
+    /* EAGLE_TOKEN_MAP in the environment: the head's logits over that map's tokens */
+    int32_t *map = NULL;
+    int n_map = 0;
+    const char *map_path = getenv("EAGLE_TOKEN_MAP");
+    if (st == STATUS_OK && map_path && *map_path) st = draft_token_map_read(map_path, m->cfg.vocab_size, &map, &n_map);
+    if (st == STATUS_OK) st = eagle_trainer_new(m, atoi(argv[8]), max_tokens, &oo, 1234, map, n_map, &e);
+    free(map);
     CHECK(st == STATUS_OK, "test_train_step --eagle: %s", status_message());
+    for (int i = 0; i < n_mb; i++) n_targets += eagle_head_targets(e, &mb[i].tb, targets[i]);
     char path[4096];
     snprintf(path, sizeof path, "%s.bin", argv[2]);
     FILE *bin = fopen(path, "wb");

@@ -38,6 +38,7 @@ echo "train_chat_adapter: data: $(python3 -c "import json; s = json.load(open('$
 model=.cache/models/gemma-3-270m
 if [ ! -f "$model/model.safetensors" ]; then
   bash tools/fetch_default_model.sh .cache/gemma3-270m
+  mkdir -p "$(dirname "$model")"
   "$shardlm" convert gguf --gguf .cache/gemma3-270m/gemma-3-270m-q4_k_m.gguf --out "$model"
 fi
 

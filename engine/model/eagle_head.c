@@ -1,8 +1,12 @@
-/* engine/model/eagle_head.c - the shape of an EAGLE-1 head beside a target (eagle_head.h).
+/* engine/model/eagle_head.c - the shape of an EAGLE-1 head beside a target, and a draft head's
+ * token map (eagle_head.h).
  * Tests: tests/server/test_speculative_eagle_targets.py, tests/test_train_eagle.py. */
 #include "eagle_head.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 /* The head's own layer is Llama-style whatever the target's layers are (eagle_head_shape); what
  * it borrows is the target's two ends (embeddings, LM head, rotary base and scaling) and its
@@ -58,4 +62,72 @@ void eagle_head_shape(struct model *h, const struct model *target, const struct 
     h->w.lm_head = ends->w.lm_head;
     h->rope_factors = ends->rope_factors;
     snprintf(h->quantization, sizeof h->quantization, "none");
+}
+
+static enum status parse_token_map(const char *path, const char *text, int vocab, int32_t **ids, int *n)
+{
+#define MAP_ERR(...) status_errorf(STATUS_INVALID_ARGUMENT, "--spec-token-map %s: " __VA_ARGS__)
+    uint8_t *seen = calloc((size_t)vocab, 1);
+    int32_t *out = malloc((size_t)vocab * sizeof *out);
+    enum status st = STATUS_OK;
+    int k = 0;
+    const char *p = text;
+    while (isspace((unsigned char)*p)) p++;
+    if (!seen || !out) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--spec-token-map: out of host memory");
+    } else if (*p++ != '[') {
+        st = MAP_ERR("not a JSON array of token ids", path);
+    } else {
+        for (;;) {
+            while (isspace((unsigned char)*p)) p++;
+            if (*p == ']' && k == 0) break;
+            char *end;
+            errno = 0;
+            const long long v = strtoll(p, &end, 10);
+            if (end == p || errno) {
+                st = MAP_ERR("entry %d is not an integer", path, k + 1);
+                break;
+            }
+            if (v < 0 || v >= vocab) {
+                st = MAP_ERR("token id %lld is outside the vocabulary [0, %d)", path, v, vocab);
+                break;
+            }
+            if (seen[v]++) {
+                st = MAP_ERR("token id %lld is listed twice", path, v);
+                break;
+            }
+            out[k++] = (int32_t)v;
+            for (p = end; isspace((unsigned char)*p); p++) {}
+            if (*p == ',') { p++; continue; }
+            if (*p != ']') st = MAP_ERR("expected ',' or ']' after entry %d", path, k);
+            break;
+        }
+        if (st == STATUS_OK) {
+            for (p++; isspace((unsigned char)*p); p++) {}
+            if (*p) st = MAP_ERR("text after the array", path);
+            else if (k == 0) st = MAP_ERR("the array is empty", path);
+        }
+    }
+    if (st == STATUS_OK) { /* ascending: the order of the head's rows */
+        k = 0;
+        for (int i = 0; i < vocab; i++)
+            if (seen[i]) out[k++] = i;
+        *ids = out, *n = k;
+    } else {
+        free(out);
+    }
+    free(seen);
+    return st;
+#undef MAP_ERR
+}
+
+enum status draft_token_map_read(const char *path, int vocab, int32_t **ids, int *n)
+{
+    char *text = NULL;
+    size_t len = 0;
+    enum status st = base_read_file(path, (size_t)vocab * 16 + 4096, "token map", &text, &len);
+    if (st != STATUS_OK) return status_errorf(st, "--spec-token-map: %s", status_message());
+    st = parse_token_map(path, text, vocab, ids, n);
+    free(text);
+    return st;
 }

@@ -2,7 +2,8 @@
  * one Llama-style decoder layer of the target's widths, whose row at position p reads
  * fc([embed(x_p), f_{p-1}]) (f the target's final hidden state) and whose output is read by the
  * target's own LM head. One owner of that shape for serving (engine/serving/draft.c loads a head)
- * and training (engine/train/eagle_train.c trains one).
+ * and training (engine/train/eagle_train.c trains one), and of a draft head's token map (the
+ * vocabulary its logits cover: --spec-token-map).
  * Not here: the head's weights (its file, or the trainer's initial ones), the forward
  * (model.c's input_fc_*, model_train.c's train_batch.input).
  * Tests: tests/server/test_speculative_eagle*.py (served), tests/test_train_eagle.py (trained). */
@@ -26,6 +27,11 @@ const char *eagle_head_unfit(const struct model *t);
  * its ends when the target is sharded): token embeddings, LM head, rotary factors. The layer's
  * weights and the fc are the caller's. */
 void eagle_head_shape(struct model *h, const struct model *target, const struct model *ends, int ffn);
+
+/* A draft head's token map (--spec-token-map FILE, serving and training): a JSON array of
+ * distinct token ids of [0, vocab), read into *ids (malloc'd, ascending: the order of the cut
+ * head's rows) and *n. STATUS_INVALID_ARGUMENT naming the file and the entry otherwise. */
+enum status draft_token_map_read(const char *path, int vocab, int32_t **ids, int *n);
 
 #ifdef __cplusplus
 }

@@ -2,8 +2,6 @@
  * draft.h). */
 #include "draft.h"
 
-#include <ctype.h>
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -342,75 +340,12 @@ void draft_free(struct draft *d)
     memset(d, 0, sizeof *d);
 }
 
-/* The token ids of --spec-token-map's JSON array, ascending, in *ids (malloc'd). */
-static enum status parse_token_map(const char *path, const char *text, int vocab, int32_t **ids, int *n)
-{
-#define MAP_ERR(...) status_errorf(STATUS_INVALID_ARGUMENT, "--spec-token-map %s: " __VA_ARGS__)
-    uint8_t *seen = calloc((size_t)vocab, 1);
-    int32_t *out = malloc((size_t)vocab * sizeof *out);
-    enum status st = STATUS_OK;
-    int k = 0;
-    const char *p = text;
-    while (isspace((unsigned char)*p)) p++;
-    if (!seen || !out) {
-        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--spec-token-map: out of host memory");
-    } else if (*p++ != '[') {
-        st = MAP_ERR("not a JSON array of token ids", path);
-    } else {
-        for (;;) {
-            while (isspace((unsigned char)*p)) p++;
-            if (*p == ']' && k == 0) break;
-            char *end;
-            errno = 0;
-            const long long v = strtoll(p, &end, 10);
-            if (end == p || errno) {
-                st = MAP_ERR("entry %d is not an integer", path, k + 1);
-                break;
-            }
-            if (v < 0 || v >= vocab) {
-                st = MAP_ERR("token id %lld is outside the vocabulary [0, %d)", path, v, vocab);
-                break;
-            }
-            if (seen[v]++) {
-                st = MAP_ERR("token id %lld is listed twice", path, v);
-                break;
-            }
-            out[k++] = (int32_t)v;
-            for (p = end; isspace((unsigned char)*p); p++) {}
-            if (*p == ',') { p++; continue; }
-            if (*p != ']') st = MAP_ERR("expected ',' or ']' after entry %d", path, k);
-            break;
-        }
-        if (st == STATUS_OK) {
-            for (p++; isspace((unsigned char)*p); p++) {}
-            if (*p) st = MAP_ERR("text after the array", path);
-            else if (k == 0) st = MAP_ERR("the array is empty", path);
-        }
-    }
-    if (st == STATUS_OK) { /* ascending: the order of the head's rows */
-        k = 0;
-        for (int i = 0; i < vocab; i++)
-            if (seen[i]) out[k++] = i;
-        *ids = out, *n = k;
-    } else {
-        free(out);
-    }
-    free(seen);
-    return st;
-#undef MAP_ERR
-}
-
 enum status draft_token_map(struct draft *d, const char *path)
 {
     struct backend *b = d->m->b;
     const struct tensor *w = &d->m->w.lm_head;
     const int V = d->m->cfg.vocab_size;
-    char *text = NULL;
-    size_t len = 0;
-    enum status st = base_read_file(path, (size_t)V * 16 + 4096, "token map", &text, &len);
-    if (st != STATUS_OK) return status_errorf(st, "--spec-token-map: %s", status_message());
-    st = parse_token_map(path, text, V, &d->map, &d->n_map);
-    free(text);
+    enum status st = draft_token_map_read(path, V, &d->map, &d->n_map);
     if (st != STATUS_OK) return st;
     /* The head's rows of the listed tokens, in the head's own dtype (raw rows, blocks included). */
     const size_t row = tensor_row_bytes(w);

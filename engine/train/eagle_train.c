@@ -32,6 +32,8 @@ struct eagle_trainer {
     struct tensor emb, feat, x0, tmp; /* (max_tokens, d): the fc's inputs, output, scratch */
     struct tensor tokens, ids;     /* int32 (max_tokens), (max rows of a layer's matrix) */
     float *host;                   /* (max_tokens, d): the features on the host */
+    int32_t *row_of;               /* (vocab): a token's row of the head's logits, -1 outside the map */
+    struct tensor cut;             /* with a map: the LM head's rows of its tokens, f32 */
     int max_tokens;
     void *mem[EAGLE_ALLOCS];
     int n_mem;
@@ -133,8 +135,28 @@ static enum status head_weights(struct eagle_trainer *e, uint64_t seed)
     return STATUS_OK;
 }
 
+/* The head's LM head: the target's, or its rows of the map's tokens; row_of maps tokens to rows. */
+static enum status head_rows(struct eagle_trainer *e, const int32_t *map, int n_map)
+{
+    const int V = e->target->cfg.vocab_size;
+    if (!(e->row_of = malloc((size_t)V * sizeof *e->row_of)))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
+    for (int i = 0; i < V; i++) e->row_of[i] = map ? -1 : i;
+    if (!map) return STATUS_OK;
+    struct tensor ids;
+    enum status st = alloc(e, &ids, DTYPE_I32, n_map, 0);
+    if (st == STATUS_OK) st = alloc(e, &e->cut, DTYPE_F32, n_map, e->h->cfg.d_model);
+    if (st != STATUS_OK) return st;
+    backend_upload(e->b, ids.data, map, (size_t)n_map * sizeof *map);
+    op_embedding(e->b, &e->cut, &e->target->w.lm_head, &ids, 0);
+    for (int i = 0; i < n_map; i++) e->row_of[map[i]] = i;
+    e->h->w.lm_head = e->cut;
+    e->h->vocab_local = n_map;
+    return STATUS_OK;
+}
+
 enum status eagle_trainer_new(struct model *target, int ffn, int max_tokens, const struct optimizer_options *o,
-                              uint64_t seed, struct eagle_trainer **out)
+                              uint64_t seed, const int32_t *map, int n_map, struct eagle_trainer **out)
 {
     *out = NULL;
     const char *why = eagle_head_unfit(target);
@@ -164,6 +186,7 @@ enum status eagle_trainer_new(struct model *target, int ffn, int max_tokens, con
     eagle_head_shape(h, target, target, ffn);
     const int64_t D = h->cfg.d_model;
     enum status st = head_weights(e, seed);
+    if (st == STATUS_OK) st = head_rows(e, map, n_map);
     e->trained = (struct model_weights){.n_layers = 1, .layers = h->w.layers};
     if (st == STATUS_OK) st = weights_alloc_like(e->b, &e->trained, DTYPE_F32, &e->grads, &e->grads_mem);
     if (st == STATUS_OK) st = alloc(e, &e->g_fc_emb, DTYPE_F32, D, D);
@@ -208,14 +231,17 @@ void eagle_trainer_free(struct eagle_trainer *e)
     if (e->h) free(e->h->w.layers);
     free(e->h);
     free(e->host);
+    free(e->row_of);
     free(e);
 }
 
-int eagle_head_targets(const struct train_batch *tb, int32_t *out)
+int eagle_head_targets(const struct eagle_trainer *e, const struct train_batch *tb, int32_t *out)
 {
+    const int V = e->target->cfg.vocab_size;
     int n = 0;
     for (int i = 0; i < tb->n_tokens; i++) {
-        out[i] = tb->positions[i] > 0 ? tb->targets[i] : -1;
+        const int32_t t = tb->targets[i];
+        out[i] = tb->positions[i] > 0 && t >= 0 && t < V ? e->row_of[t] : -1;
         n += out[i] >= 0;
     }
     return n;
@@ -409,9 +435,17 @@ static enum status run_setup(struct eagle_run *r)
     for (int i = 0; i < r->num_micro; i++)
         if ((st = micro_batch_init(&r->mbs[i], o->micro_batch_size, o->seq_length)) != STATUS_OK) return st;
     if ((st = train_load_data(o, o->model_dir, r->m, r->tok, &r->train, &r->eval)) != STATUS_OK) return st;
-    if ((st = eagle_trainer_new(r->m, o->eagle_ffn, o->micro_batch_size * o->seq_length, &o->opt, o->seed, &r->e)) !=
-        STATUS_OK)
+    int32_t *map = NULL;
+    int n_map = 0;
+    if (o->eagle_token_map &&
+        (st = draft_token_map_read(o->eagle_token_map, r->m->cfg.vocab_size, &map, &n_map)) != STATUS_OK)
         return st;
+    st = eagle_trainer_new(r->m, o->eagle_ffn, o->micro_batch_size * o->seq_length, &o->opt, o->seed, map, n_map, &r->e);
+    free(map);
+    if (st != STATUS_OK) return st;
+    if (n_map > 0)
+        LOG_INFO(MODULE, "the head's logits over the %d tokens of %s (of %d); serve it with --spec-token-map %s", n_map,
+                 o->eagle_token_map, r->m->cfg.vocab_size, o->eagle_token_map);
     char path[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
     const char *mp = o->metrics_path ? o->metrics_path : path;
@@ -435,7 +469,7 @@ static enum status run_eval(struct eagle_run *r, double *loss, int64_t *n)
         const struct train_batch tb = batch_of(&r->mbs[0]);
         double ls = 0.0;
         int nr = 0;
-        eagle_head_targets(&tb, r->targets);
+        eagle_head_targets(r->e, &tb, r->targets);
         enum status st = eagle_trainer_micro(r->e, &tb, r->targets, 0.0f, 0, &ls, &nr);
         if (st != STATUS_OK) return st;
         sum += ls;
@@ -463,7 +497,7 @@ static enum status run_loop(struct eagle_run *r)
             data_next_micro_batch(&r->train, &cur, o->micro_batch_size, o->seq_length, &r->mbs[i]);
             const struct train_batch tb = batch_of(&r->mbs[i]);
             tokens += tb.n_tokens;
-            targets += tb.n_tokens > 0 ? eagle_head_targets(&tb, r->targets + (size_t)i * cap) : 0;
+            targets += tb.n_tokens > 0 ? eagle_head_targets(r->e, &tb, r->targets + (size_t)i * cap) : 0;
         }
         eagle_trainer_zero_grads(r->e);
         double loss = 0.0;

@@ -8,6 +8,7 @@
  * (frozen), and its loss is the cross-entropy against the data's next token t_{p+1} where the
  * data carry a target (EAGLE-3's token loss; the data are best the model's own answers,
  * tools/distill_data.py). Gradients reach the layer and the fc only; AdamW as the trainer's.
+ * With a token map the head's logits cover the map's tokens only (the rest carry no loss).
  * The head starts as the probe's (tools/eagle_probe.py): the model's last layer where its shapes
  * match, its output projections damped x 0.05, the fc the identity on the feature half.
  *
@@ -31,14 +32,18 @@ struct eagle_trainer;
 /* A head of ffn MLP rows (0: the target's ffn_hidden) for target (one rank, f32, borrowed:
  * it must outlive the trainer), micro-batches of at most max_tokens rows, AdamW per o (its lr
  * is each step's), random weights (where the target's last layer does not fit) drawn from seed.
+ * map (n_map ascending ids, draft_token_map_read; NULL: the whole vocabulary): the head's
+ * logits cover those tokens only, the LM head's rows cut to them as serving with
+ * --spec-token-map cuts them (a rare token's row then costs nothing: Gemma's 262,144 rows).
  * STATUS_UNSUPPORTED for a target that cannot carry a head or is sharded / not f32. */
 enum status eagle_trainer_new(struct model *target, int ffn, int max_tokens, const struct optimizer_options *o,
-                              uint64_t seed, struct eagle_trainer **out);
+                              uint64_t seed, const int32_t *map, int n_map, struct eagle_trainer **out);
 void eagle_trainer_free(struct eagle_trainer *e);
 
-/* The head's targets of a data micro-batch: tb's targets, -1 at each document's first row (no
- * feature before it). Returns how many are >= 0. out has tb->n_tokens entries. */
-int eagle_head_targets(const struct train_batch *tb, int32_t *out);
+/* The head's targets of a data micro-batch: tb's targets as rows of the head's logits (their
+ * index in the token map; -1, no loss, for a token outside it), -1 at each document's first row
+ * (no feature before it). Returns how many are >= 0. out has tb->n_tokens entries. */
+int eagle_head_targets(const struct eagle_trainer *e, const struct train_batch *tb, int32_t *out);
 
 /* Zeroes the gradients (a step begins). */
 void eagle_trainer_zero_grads(struct eagle_trainer *e);
@@ -59,8 +64,9 @@ const struct param_table *eagle_trainer_params(const struct eagle_trainer *e);
  * metadata rope_style and the target's architecture. */
 enum status eagle_trainer_save(struct eagle_trainer *e, const char *path);
 
-/* The command: o->model_dir's model frozen, o->data, the schedule and AdamW of o, the head
- * written to o->out_dir/eagle_head.safetensors with o->out_dir/metrics.jsonl. */
+/* The command: o->model_dir's model frozen, o->data, the schedule and AdamW of o, the token
+ * map o->eagle_token_map (or none), the head written to o->out_dir/eagle_head.safetensors with
+ * o->out_dir/metrics.jsonl. */
 enum status eagle_train_run(const struct train_options *o);
 
 #ifdef __cplusplus

@@ -77,6 +77,7 @@ struct train_options {
      * model's own, which a mixture of experts lacks). */
     int         eagle;
     int         eagle_ffn;
+    const char *eagle_token_map;  /* --spec-token-map FILE: the head's logits over those tokens */
     enum device device;
     int         threads;
     int         progress;         /* 1: a live progress line (a terminal), 0: plain log lines */
