@@ -19,7 +19,9 @@
 2. Served: stories260K (tests/golden_setup.sh), a head trained by `shardlm train --eagle-head` on
    stories the model sampled itself, then `shardlm generate --speculative eagle`: the greedy
    text equals the text without speculation, and at least 30 % of the drafts are accepted
-   (42 % here; by hand, a head trained 30 steps on Shakespeare instead had 0 of 32 accepted).
+   (42 % here; by hand, a head trained 30 steps on Shakespeare instead had 0 of 32 accepted);
+   and the frozen model's rows cached after the first epoch train the same head as its forward
+   run every epoch.
 3. Refusals: --eagle-ffn without --eagle-head, --eagle-head with LoRA or bf16, --out the model.
 
 Prints one line per check and "N passed, M failed"; exits 77 (SKIP) without jax/optax.
@@ -265,6 +267,27 @@ def served_check(shardlm, golden, tmp):
     check(len(losses) > 20 and np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]) and len(evals) == 1,
           "the head's training loss fell from %.3f to %.3f over %d iterations; held-out %.3f"
           % (np.mean(losses[:5]), np.mean(losses[-5:]), len(losses), evals[0] if evals else float("nan")))
+    # The frozen model's rows kept after the first epoch (the default) against recomputed every
+    # epoch (SHARDLM_EAGLE_FEATURE_CACHE_MB=0): the same training, on 40 stories for 3 epochs.
+    small = os.path.join(tmp, "own40.jsonl")
+    with open(data) as f, open(small, "w") as g:
+        g.writelines(f.readlines()[:40])
+    runs = []
+    for mb in ("8192", "0"):
+        o = os.path.join(tmp, "cache" + mb)
+        rc = run([shardlm, "train", "--eagle-head", "--model", model, "--data", small, "--out", o, "--epochs", "3",
+                  "--seq-length", "128", "--micro-batch-size", "8", "--lr", "3e-3", "--threads", "2"],
+                 env=dict(os.environ, SHARDLM_EAGLE_FEATURE_CACHE_MB=mb))
+        m = re.search(r"ran (\d+) micro-batches; (\d+) read its rows from the cache", rc.stderr)
+        runs.append((rc.returncode, [json.loads(x)["loss"] for x in open(os.path.join(o, "metrics.jsonl"))]
+                     if rc.returncode == 0 else [], m.groups() if m else None,
+                     TG.read_safetensors(os.path.join(o, "eagle_head.safetensors")) if rc.returncode == 0 else {}))
+    (rc1, l1, n1, h1), (rc2, l2, n2, h2) = runs
+    hrel = max((np.max(np.abs(h1[k] - h2[k])) / max(np.max(np.abs(h2[k])), 1e-30) for k in h2), default=1.0)
+    check(rc1 == 0 and rc2 == 0 and l1 and len(l1) == len(l2) and max(abs(a - b) for a, b in zip(l1, l2)) < 1e-6
+          and hrel < 1e-6 and n1 and n2 and int(n1[1]) > 0 and n2[1] == "0",
+          "the cached features train the same head as the model run every epoch (%s against %s micro-batches "
+          "from the cache; parameters rel %.1e)" % (n1 and n1[1], n2 and n2[1], hrel))
     drafted = accepted = 0
     same = 0
     prompts = ("Once upon a time", "Tom and his dog", "The little girl", "One day, a bird")

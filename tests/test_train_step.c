@@ -127,7 +127,7 @@ static int eagle_main(int argc, char **argv)
         for (int i = 0; i < n_mb && st == STATUS_OK; i++) {
             double ls = 0.0;
             int nr = 0;
-            st = eagle_trainer_micro(e, &mb[i].tb, targets[i], 1.0f / (float)n_targets, 1, &ls, &nr);
+            st = eagle_trainer_micro(e, &mb[i].tb, targets[i], 1.0f / (float)n_targets, 1, NULL, NULL, &ls, &nr);
             losses[s] += ls / n_targets;
         }
         if (st == STATUS_OK) norms[s] = eagle_trainer_step(e, oo.lr);

@@ -609,7 +609,8 @@ enum status micro_batch_init(struct micro_batch *mb, int micro_batch_size, int s
     mb->targets = malloc(n * sizeof *mb->targets);
     mb->positions = malloc(n * sizeof *mb->positions);
     mb->doc_start = malloc((n + 1) * sizeof *mb->doc_start);
-    if (!mb->tokens || !mb->targets || !mb->positions || !mb->doc_start) {
+    mb->doc_example = malloc(n * sizeof *mb->doc_example);
+    if (!mb->tokens || !mb->targets || !mb->positions || !mb->doc_start || !mb->doc_example) {
         micro_batch_free(mb);
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "data: out of memory");
     }
@@ -622,6 +623,7 @@ void micro_batch_free(struct micro_batch *mb)
     free(mb->targets);
     free(mb->positions);
     free(mb->doc_start);
+    free(mb->doc_example);
     memset(mb, 0, sizeof *mb);
 }
 
@@ -631,6 +633,7 @@ static void append_doc(struct micro_batch *mb, const struct train_dataset *ds, s
     const int base = mb->n_tokens, n = data_example_len(ds, i);
     const uint32_t *t = data_example_tokens(ds, i);
     mb->doc_start[mb->n_docs] = base;
+    mb->doc_example[mb->n_docs] = (int64_t)i;
     for (int j = 0; j < n; j++) {
         mb->tokens[base + j] = data_token_id(t[j]);
         mb->positions[base + j] = j;

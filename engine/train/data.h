@@ -115,6 +115,7 @@ struct micro_batch {
     int      n_tokens, n_docs, n_targets;
     int32_t *tokens, *targets, *positions; /* (capacity) */
     int32_t *doc_start;                    /* (capacity + 1) */
+    int64_t *doc_example;                  /* (capacity): each document's index in the dataset */
     int      capacity;                     /* micro_batch_size x seq_length */
 };
 

@@ -256,7 +256,8 @@ void eagle_trainer_zero_grads(struct eagle_trainer *e)
 }
 
 enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batch *tb, const int32_t *targets,
-                                float grad_scale, int backward, double *loss_sum, int *n_real)
+                                float grad_scale, int backward, const float *hidden, float *hidden_out,
+                                double *loss_sum, int *n_real)
 {
     struct backend *b = e->b;
     struct model *h = e->h;
@@ -268,15 +269,20 @@ enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batc
                              (long long)T, e->max_tokens);
     /* The features: the frozen model's rows after its final norm, row p reading row p - 1's
      * (zeros at a document's first row, which carries no loss). */
-    struct train_batch ft = *tb;
-    ft.hidden_only = 1;
-    ft.input = NULL;
-    double unused = 0.0;
-    int unused_n = 0;
-    enum status st = model_forward_train(e->tt, &ft, &unused, &unused_n);
-    if (st != STATUS_OK) return st;
-    struct tensor hid = model_train_final_hidden(e->tt, (int)T);
-    backend_download(b, e->host, hid.data, tensor_nbytes(&hid));
+    enum status st = STATUS_OK;
+    if (hidden) {
+        memcpy(e->host, hidden, (size_t)(T * D) * sizeof *e->host);
+    } else {
+        struct train_batch ft = *tb;
+        ft.hidden_only = 1;
+        ft.input = NULL;
+        double unused = 0.0;
+        int unused_n = 0;
+        if ((st = model_forward_train(e->tt, &ft, &unused, &unused_n)) != STATUS_OK) return st;
+        struct tensor hid = model_train_final_hidden(e->tt, (int)T);
+        backend_download(b, e->host, hid.data, tensor_nbytes(&hid));
+        if (hidden_out) memcpy(hidden_out, e->host, (size_t)(T * D) * sizeof *e->host);
+    }
     for (int64_t p = T - 1; p >= 0; p--) {
         float *row = e->host + p * D;
         if (tb->positions[p] > 0) memcpy(row, row - D, (size_t)D * sizeof *row);
@@ -396,6 +402,13 @@ struct eagle_run {
     int num_micro;
     int32_t *targets;              /* (num_micro, micro x seq): the head's targets of each micro-batch */
     FILE *metrics;
+    /* The frozen model's rows of each training example, kept after the first epoch computed them
+     * (a document's rows depend on it alone): later epochs train the head without its forward.
+     * Up to cache_cap bytes of host memory (SHARDLM_EAGLE_FEATURE_CACHE_MB, 8192 by default). */
+    float **cache;                 /* (train.n): an example's rows, or NULL */
+    float *rows;                   /* (micro x seq, d): a micro-batch's rows */
+    size_t cache_bytes, cache_cap;
+    int64_t forwards, skipped;     /* micro-batches that ran the frozen model, that read the cache */
 };
 
 static struct train_batch batch_of(const struct micro_batch *mb)
@@ -446,6 +459,11 @@ static enum status run_setup(struct eagle_run *r)
     if (n_map > 0)
         LOG_INFO(MODULE, "the head's logits over the %d tokens of %s (of %d); serve it with --spec-token-map %s", n_map,
                  o->eagle_token_map, r->m->cfg.vocab_size, o->eagle_token_map);
+    const char *cap = getenv("SHARDLM_EAGLE_FEATURE_CACHE_MB");
+    r->cache_cap = (size_t)(cap && *cap ? atol(cap) : 8192) << 20;
+    r->cache = calloc(r->train.n, sizeof *r->cache);
+    r->rows = malloc((size_t)o->micro_batch_size * (size_t)o->seq_length * (size_t)r->m->cfg.d_model * sizeof *r->rows);
+    if (!r->cache || !r->rows) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of memory");
     char path[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
     const char *mp = o->metrics_path ? o->metrics_path : path;
@@ -470,12 +488,43 @@ static enum status run_eval(struct eagle_run *r, double *loss, int64_t *n)
         double ls = 0.0;
         int nr = 0;
         eagle_head_targets(r->e, &tb, r->targets);
-        enum status st = eagle_trainer_micro(r->e, &tb, r->targets, 0.0f, 0, &ls, &nr);
+        enum status st = eagle_trainer_micro(r->e, &tb, r->targets, 0.0f, 0, NULL, NULL, &ls, &nr);
         if (st != STATUS_OK) return st;
         sum += ls;
         *n += nr;
     }
     *loss = *n > 0 ? sum / (double)*n : 0.0;
+    return STATUS_OK;
+}
+
+/* One training micro-batch, its features from the cache when every document's are there, else
+ * from the frozen model's forward (then kept while the cache has room). */
+static enum status run_micro(struct eagle_run *r, const struct micro_batch *mb, const int32_t *targets, float scale,
+                             double *loss)
+{
+    const size_t D = (size_t)r->m->cfg.d_model;
+    const struct train_batch tb = batch_of(mb);
+    int cached = 1;
+    for (int d = 0; d < mb->n_docs && cached; d++) cached = r->cache[mb->doc_example[d]] != NULL;
+    for (int d = 0; d < mb->n_docs && cached; d++)
+        memcpy(r->rows + (size_t)mb->doc_start[d] * D, r->cache[mb->doc_example[d]],
+               (size_t)(mb->doc_start[d + 1] - mb->doc_start[d]) * D * sizeof *r->rows);
+    int nr = 0;
+    enum status st = eagle_trainer_micro(r->e, &tb, targets, scale, 1, cached ? r->rows : NULL,
+                                         cached ? NULL : r->rows, loss, &nr);
+    if (st != STATUS_OK) return st;
+    if (cached) {
+        r->skipped++;
+        return STATUS_OK;
+    }
+    r->forwards++;
+    for (int d = 0; d < mb->n_docs; d++) {
+        const int64_t ex = mb->doc_example[d];
+        const size_t bytes = (size_t)(mb->doc_start[d + 1] - mb->doc_start[d]) * D * sizeof *r->rows;
+        if (r->cache[ex] || r->cache_bytes + bytes > r->cache_cap || !(r->cache[ex] = malloc(bytes))) continue;
+        memcpy(r->cache[ex], r->rows + (size_t)mb->doc_start[d] * D, bytes);
+        r->cache_bytes += bytes;
+    }
     return STATUS_OK;
 }
 
@@ -503,11 +552,8 @@ static enum status run_loop(struct eagle_run *r)
         double loss = 0.0;
         for (int i = 0; i < r->num_micro && targets > 0; i++) {
             if (r->mbs[i].n_tokens == 0) continue;
-            const struct train_batch tb = batch_of(&r->mbs[i]);
             double ls = 0.0;
-            int nr = 0;
-            enum status st = eagle_trainer_micro(r->e, &tb, r->targets + (size_t)i * cap, (float)(1.0 / (double)targets),
-                                                 1, &ls, &nr);
+            enum status st = run_micro(r, &r->mbs[i], r->targets + (size_t)i * cap, (float)(1.0 / (double)targets), &ls);
             if (st != STATUS_OK) return st;
             loss += ls;
         }
@@ -536,6 +582,8 @@ static enum status run_loop(struct eagle_run *r)
                      (long long)n);
         }
     }
+    LOG_INFO(MODULE, "the frozen model ran %lld micro-batches; %lld read its rows from the cache (%.1f MiB)",
+             (long long)r->forwards, (long long)r->skipped, (double)r->cache_bytes / 1048576.0);
     return STATUS_OK;
 }
 
@@ -555,6 +603,9 @@ enum status eagle_train_run(const struct train_options *o)
     for (int i = 0; r.mbs && i < r.num_micro; i++) micro_batch_free(&r.mbs[i]);
     free(r.mbs);
     free(r.targets);
+    for (size_t i = 0; r.cache && i < r.train.n; i++) free(r.cache[i]);
+    free(r.cache);
+    free(r.rows);
     data_free(&r.train);
     data_free(&r.eval);
     tokenizer_free(r.tok);

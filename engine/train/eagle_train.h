@@ -49,9 +49,13 @@ int eagle_head_targets(const struct eagle_trainer *e, const struct train_batch *
 void eagle_trainer_zero_grads(struct eagle_trainer *e);
 /* One micro-batch: the features, the head's forward (loss summed into *loss_sum over *n_real
  * rows) and, when backward, its backward: the gradients += grad_scale x d(loss sum). targets
- * from eagle_head_targets(tb). */
+ * from eagle_head_targets(tb). The features are the frozen model's rows after its final norm,
+ * (n_tokens, d_model) f32 host rows: given in hidden (its forward skipped; NULL: run), and, when
+ * hidden_out is not NULL, the rows the forward computed copied there (a caller's cache: a
+ * document's rows depend on that document alone). */
 enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batch *tb, const int32_t *targets,
-                                float grad_scale, int backward, double *loss_sum, int *n_real);
+                                float grad_scale, int backward, const float *hidden, float *hidden_out,
+                                double *loss_sum, int *n_real);
 /* Clips by the global norm and takes one AdamW step at lr; returns the norm before clipping. */
 double eagle_trainer_step(struct eagle_trainer *e, double lr);
 
