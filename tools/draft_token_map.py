@@ -5,12 +5,16 @@ LM head then computes only those rows (FR-Spec's frequency-ranked head, SGLang's
 --speculative-token-map): SmolLM2's 49,152 x 576 head is two thirds of a 4-layer draft's weights,
 and a draft token's cost is mostly that head.
 
-  python3 tools/draft_token_map.py --tokenizer DIR/tokenizer.json --data FILE.jsonl[,FILE.jsonl] --n 8192
-      --out FILE.json [--config DIR/config.json]
+  python3 tools/draft_token_map.py --tokenizer DIR/tokenizer.json|DIR/tokenizer.model
+      --data FILE.jsonl[,FILE.jsonl] --n 8192 --out FILE.json [--config DIR/config.json]
+      [--keep 1,2,106] [--answers-first]
 
 Counts every message's content (prompts and answers) of the chat JSONL files (shardlm train's
 {"messages": [...]} format: tools/distill_data.py's answers with their prompts), tokenized by
-Hugging Face `tokenizers`, and keeps the N most frequent ids (ties to the lower id); the BOS and
+Hugging Face `tokenizers` (or `sentencepiece` for a tokenizer.model, as Gemma's), and keeps the N
+most frequent ids (ties to the lower id; with --answers-first every id of an assistant turn
+first, by frequency, then the prompts': what an EAGLE head for the model's own answers needs,
+`shardlm train --eagle-head --spec-token-map`); --keep's ids, the BOS and
 EOS ids of --config and the tokenizer's special tokens are always kept, and a few more frequent
 ids make the count a multiple of 8 (the CPU packs a block head's rows eight at a time). Prints
 the share of all counted tokens and of the answers' (the assistant turns: what a draft proposes)
@@ -31,20 +35,32 @@ def main():
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--out", required=True)
     ap.add_argument("--config", help="config.json whose bos_token_id / eos_token_id are always kept")
+    ap.add_argument("--keep", default="", help="ids always kept, comma-separated (an end-of-turn token)")
+    ap.add_argument("--answers-first", action="store_true", help="every id of the assistant turns first")
     a = ap.parse_args()
-    tok = Tokenizer.from_file(a.tokenizer)
-    vocab = tok.get_vocab_size(with_added_tokens=True)
+    if a.tokenizer.endswith(".model"):  # SentencePiece (Gemma)
+        import sentencepiece
+
+        sp = sentencepiece.SentencePieceProcessor(model_file=a.tokenizer)
+        vocab = sp.get_piece_size()
+        encode = sp.encode
+        special = set()
+    else:
+        tok = Tokenizer.from_file(a.tokenizer)
+        vocab = tok.get_vocab_size(with_added_tokens=True)
+        encode = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
+        special = set(tok.get_added_tokens_decoder()) if hasattr(tok, "get_added_tokens_decoder") else set()
     if not 0 < a.n <= vocab:
         sys.exit(f"draft_token_map: --n must be in [1, {vocab}], got {a.n}")
     counts, answers = collections.Counter(), collections.Counter()
     for path in a.data.split(","):
         for line in open(path, encoding="utf-8"):
             for m in json.loads(line)["messages"]:
-                ids = tok.encode(m["content"], add_special_tokens=False).ids
+                ids = encode(m["content"])
                 counts.update(ids)
                 if m["role"] == "assistant":
                     answers.update(ids)
-    keep = set(tok.get_added_tokens_decoder()) if hasattr(tok, "get_added_tokens_decoder") else set()
+    keep = special | {int(x) for x in a.keep.split(",") if x.strip()}
     if a.config:
         cfg = json.load(open(a.config))
         for k in ("bos_token_id", "eos_token_id"):
@@ -52,6 +68,8 @@ def main():
             keep.update(v if isinstance(v, list) else [v] if v is not None else [])
     keep = {int(t) for t in keep if 0 <= int(t) < vocab}
     ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    if a.answers_first:
+        ranked = sorted(answers, key=lambda t: (-answers[t], t)) + [t for t in ranked if t not in answers]
     ids = sorted(keep)
     for t in ranked:
         if len(ids) >= a.n:
