@@ -15,7 +15,8 @@
    1e-5; the target's weights bit for bit unchanged; the head's start (the target's last layer,
    o and down x 0.05, fc = [0 | I]); the written file holds the final weights under EAGLE's names;
    and with a token map (--spec-token-map: the LM head's rows of its ids, the targets outside it
-   masked) the same steps.
+   masked), and with EAGLE-1's feature regression (--eagle-feature-loss: w x the mean smooth-L1 of
+   the head's output against the model's own row), the same steps.
 2. Served: stories260K (tests/golden_setup.sh), a head trained by `shardlm train --eagle-head` on
    stories the model sampled itself, then `shardlm generate --speculative eagle`: the greedy
    text equals the text without speculation, and at least 30 % of the drafts are accepted
@@ -68,8 +69,8 @@ def check(ok, msg):
         N_FAIL += 1
 
 
-def run_driver(driver, model_dir, prefix, ffn, batch_paths, token_map=None):
-    env = dict(os.environ, EAGLE_TOKEN_MAP=token_map or "")
+def run_driver(driver, model_dir, prefix, ffn, batch_paths, token_map=None, feature_loss=0.0):
+    env = dict(os.environ, EAGLE_TOKEN_MAP=token_map or "", EAGLE_FEATURE_LOSS=repr(feature_loss))
     r = subprocess.run([driver, "--eagle", model_dir, prefix, str(STEPS), repr(LR), repr(WD), repr(CLIP), repr(EPS),
                         str(ffn)] + batch_paths, capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -92,7 +93,8 @@ def head_name(k, last):
 
 
 def features(target, spec, batch):
-    """The target's rows after its final norm, row p reading row p - 1 (zeros at position 0)."""
+    """The target's rows after its final norm, and the same shifted: row p reading row p - 1
+    (zeros at position 0)."""
     jb = {k: jnp.asarray(v) for k, v in batch.items() if k != "doc_start"}
     h = np.asarray(TG.forward_loss({k: jnp.asarray(v) for k, v in target.items()}, spec, jb, hidden=True))
     f = np.zeros_like(h)
@@ -100,7 +102,7 @@ def features(target, spec, batch):
     for p in range(len(pos)):
         if pos[p] > 0:
             f[p] = h[p - 1]
-    return f
+    return h, f
 
 
 def head_batch(batch, tmap=None):
@@ -115,7 +117,12 @@ def head_batch(batch, tmap=None):
     return b
 
 
-def reference_steps(kind, cfg, spec, target, init, batches, last, tmap=None):
+def smooth_l1(x):
+    a = jnp.abs(x)
+    return jnp.where(a < 1.0, 0.5 * x * x, a - 0.5)
+
+
+def reference_steps(kind, cfg, spec, target, init, batches, last, tmap=None, feature_loss=0.0):
     d = spec["d"]
     hspec = {"kind": "llama", "n_layers": 1, "d": d, "n_heads": spec["n_heads"], "n_kv": spec["n_kv"],
              "head_dim": spec["head_dim"], "scale": 1.0 / math.sqrt(spec["head_dim"]), "eps": spec["eps"],
@@ -128,18 +135,22 @@ def reference_steps(kind, cfg, spec, target, init, batches, last, tmap=None):
     prepared = []
     for b in batches:
         hb = head_batch(b, tmap)
+        rows, shifted = features(target, spec, b)
         prepared.append(({k: jnp.asarray(v) for k, v in hb.items() if k != "doc_start"},
-                         jnp.asarray(features(target, spec, b)),
-                         jnp.asarray(target["tok_embedding/-1"][b["tokens"]] * emb_scale)))
+                         jnp.asarray(shifted), jnp.asarray(target["tok_embedding/-1"][b["tokens"]] * emb_scale),
+                         jnp.asarray(rows), jnp.asarray(hb["targets"] >= 0)))
     n_targets = sum(int(np.sum(head_batch(b, tmap)["targets"] >= 0)) for b in batches)
 
     def loss_fn(p):
         total = 0.0
-        for jb, f, e in prepared:
+        for jb, f, e, rows, real in prepared:
             x0 = e @ p["fc_emb"].T + p["fc_bias"] + f @ p["fc_feat"].T
             P = {"%s/0" % k: p[head_name(k, last)] for k in HEAD_KEYS}
             P["lm_head/-1"] = jnp.asarray(head_w)
             total = total + TG.forward_loss(P, hspec, jb, x0=x0)
+            if feature_loss:  # EAGLE-1's regression of the head's output on the model's own row
+                h = TG.forward_loss(P, hspec, jb, x0=x0, hidden=True)
+                total = total + feature_loss * jnp.sum(jnp.where(real, jnp.mean(smooth_l1(h - rows), axis=1), 0.0))
         return total / n_targets
 
     params = {k: jnp.asarray(v) for k, v in init.items()}
@@ -231,6 +242,15 @@ def steps_check(driver, tmp):
         check(lrel < 1e-5 and nrel < 1e-4 and prel < 1e-5, "%s, token map of %d ids: losses %s, norms, parameters "
               "match JAX (rel %.1e, %.1e, %.1e)" % (kind, len(tmap), " ".join("%.5f" % x for x in meta["losses"]),
                                                    lrel, nrel, prel))
+        # EAGLE-1's feature regression beside the token loss (--eagle-feature-loss 10: the probe's 1 : 0.1).
+        meta, target, _, init, final = run_driver(driver, mdir, prefix + "_feat", 0, paths, feature_loss=10.0)
+        losses, norms, ref = reference_steps(kind, cfg, spec, target, init, [b1, b2], last, feature_loss=10.0)
+        lrel = max(abs(a - b) / abs(b) for a, b in zip(meta["losses"], losses))
+        prel, pkey = max_rel(final, ref)
+        nrel = max(abs(a - b) / b for a, b in zip(meta["grad_norms"], norms))
+        check(lrel < 1e-5 and nrel < 1e-4 and prel < 1e-5, "%s, feature regression at weight 10: losses %s, norms, "
+              "parameters match JAX (rel %.1e, %.1e, %.1e)" % (kind, " ".join("%.5f" % x for x in meta["losses"]),
+                                                              lrel, nrel, prel))
 
 
 def run(cmd, **kw):

@@ -14,7 +14,8 @@
  * the same steps of an EAGLE head's trainer (eagle_train.h; tests/test_train_eagle.py) for the
  * frozen model: OUT_PREFIX.json {"losses", "grad_norms", "tied", "target": [{"kind", "layer",
  * "shape", "offset", "after_offset"}], "head": [{"name", "shape", "initial_offset",
- * "final_offset"}]}, OUT_PREFIX.bin (f32) and the head's file OUT_PREFIX.safetensors. */
+ * "final_offset"}]}, OUT_PREFIX.bin (f32) and the head's file OUT_PREFIX.safetensors.
+ * EAGLE_TOKEN_MAP (a map file) and EAGLE_FEATURE_LOSS (a weight) in the environment set those. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +101,8 @@ static int eagle_main(int argc, char **argv)
     if (st == STATUS_OK) st = eagle_trainer_new(m, atoi(argv[8]), max_tokens, &oo, 1234, map, n_map, &e);
     free(map);
     CHECK(st == STATUS_OK, "test_train_step --eagle: %s", status_message());
+    /* EAGLE_FEATURE_LOSS in the environment: the feature regression's weight */
+    if (getenv("EAGLE_FEATURE_LOSS")) eagle_trainer_set_feature_loss(e, (float)atof(getenv("EAGLE_FEATURE_LOSS")));
     for (int i = 0; i < n_mb; i++) n_targets += eagle_head_targets(e, &mb[i].tb, targets[i]);
     char path[4096];
     snprintf(path, sizeof path, "%s.bin", argv[2]);

@@ -210,10 +210,14 @@ static enum status check_batch(const struct model_train *t, const struct train_b
     if (tb->n_docs <= 0 || tb->doc_start[0] != 0 || tb->doc_start[tb->n_docs] != tb->n_tokens)
         return status_errorf(STATUS_INVALID_ARGUMENT, "training micro-batch: documents do not cover its %d rows",
                              tb->n_tokens);
-    if (tb->input && (m->tp_size > 1 || m->pp_size > 1 || tensor_rows(tb->input) < tb->n_tokens ||
-                      tensor_cols(tb->input) != m->cfg.d_model || tb->input->dtype != m->dtype))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "training micro-batch: input rows need one rank and (%d, %d) "
-                             "rows of the compute dtype", tb->n_tokens, m->cfg.d_model);
+    for (int i = 0; i < 2; i++) {
+        const struct tensor *r = i ? tb->extra_grad : tb->input;
+        if (r && (m->tp_size > 1 || m->pp_size > 1 || tensor_rows(r) != tb->n_tokens ||
+                  tensor_cols(r) != m->cfg.d_model || r->dtype != m->dtype))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "training micro-batch: %s needs one rank and (%d, %d) rows "
+                                 "of the compute dtype", i ? "an extra gradient" : "input rows", tb->n_tokens,
+                                 m->cfg.d_model);
+    }
     for (int i = 0; i < tb->n_docs; i++)
         if (tb->doc_start[i + 1] < tb->doc_start[i])
             return status_errorf(STATUS_INVALID_ARGUMENT, "training micro-batch: document %d ends before it starts", i);
@@ -549,6 +553,7 @@ enum status model_backward(struct model_train *t, const struct train_batch *tb,
         op_cross_entropy_backward(b, &dxn, opt(&grads->lm_head), &h_full, &m->w.lm_head, &targets, &lse, NULL,
                                   tb->grad_scale, m->vocab_start, 0, m->cfg.final_softcap);
         TRY(sum_input_grad(t, T, &dsum));
+        if (tb->extra_grad) op_add(b, &dsum, &dsum, tb->extra_grad);
         if (m->w.final_norm.data) norm_bwd(m, &dres, &grads->final_norm, &grads->final_norm_bias, &dsum, &x, &m->w.final_norm);
         else backend_copy(b, dres.data, dsum.data, tensor_nbytes(&dres));
     }

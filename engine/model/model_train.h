@@ -64,6 +64,10 @@ struct train_batch {
                                   gradient, and no embedding gradient is taken */
     int            hidden_only; /* the forward stops after the final norm: no loss
                                   (model_train_final_hidden; a frozen target's features) */
+    const struct tensor *extra_grad; /* one rank: (n_tokens, d_model) in the compute dtype, on the
+                                  device, added by model_backward to the gradient of the rows
+                                  after the final norm: a loss on them that the caller computes
+                                  (an EAGLE head's feature regression); NULL: none */
 };
 
 /* Modules whose insides selective recomputation recomputes (Megatron's --recompute-modules). */

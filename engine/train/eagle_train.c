@@ -31,7 +31,11 @@ struct eagle_trainer {
     struct optimizer opt;
     struct tensor emb, feat, x0, tmp; /* (max_tokens, d): the fc's inputs, output, scratch */
     struct tensor tokens, ids;     /* int32 (max_tokens), (max rows of a layer's matrix) */
-    float *host;                   /* (max_tokens, d): the features on the host */
+    float *host;                   /* (max_tokens, d): the frozen model's rows on the host */
+    float *shifted;                /* (max_tokens, d): the features (row p: the model's row p - 1) */
+    float *head_rows;              /* (max_tokens, d): the head's output rows (feature loss) */
+    float feature_weight;          /* > 0: the feature regression's weight (eagle_trainer_set_feature_loss) */
+    struct tensor extra;           /* (max_tokens, d): its gradient, on the device */
     int32_t *row_of;               /* (vocab): a token's row of the head's logits, -1 outside the map */
     struct tensor cut;             /* with a map: the LM head's rows of its tokens, f32 */
     int max_tokens;
@@ -206,7 +210,10 @@ enum status eagle_trainer_new(struct model *target, int ffn, int max_tokens, con
     if (st == STATUS_OK) st = alloc(e, &e->x0, DTYPE_F32, max_tokens, D);
     if (st == STATUS_OK) st = alloc(e, &e->tmp, DTYPE_F32, max_tokens, D);
     if (st == STATUS_OK) st = alloc(e, &e->tokens, DTYPE_I32, max_tokens, 0);
-    if (st == STATUS_OK && !(e->host = malloc((size_t)max_tokens * (size_t)D * sizeof *e->host)))
+    if (st == STATUS_OK) st = alloc(e, &e->extra, DTYPE_F32, max_tokens, D);
+    const size_t rows_bytes = (size_t)max_tokens * (size_t)D * sizeof(float);
+    if (st == STATUS_OK && (!(e->host = malloc(rows_bytes)) || !(e->shifted = malloc(rows_bytes)) ||
+                            !(e->head_rows = malloc(rows_bytes))))
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
     if (st == STATUS_OK) st = model_train_new(target, max_tokens, NULL, &e->tt);
     if (st == STATUS_OK) st = model_train_new(h, max_tokens, NULL, &e->ht);
@@ -231,6 +238,8 @@ void eagle_trainer_free(struct eagle_trainer *e)
     if (e->h) free(e->h->w.layers);
     free(e->h);
     free(e->host);
+    free(e->shifted);
+    free(e->head_rows);
     free(e->row_of);
     free(e);
 }
@@ -253,6 +262,36 @@ void eagle_trainer_zero_grads(struct eagle_trainer *e)
     backend_memset_zero(e->b, e->g_fc_emb.data, tensor_nbytes(&e->g_fc_emb));
     backend_memset_zero(e->b, e->g_fc_feat.data, tensor_nbytes(&e->g_fc_feat));
     backend_memset_zero(e->b, e->g_fc_bias.data, tensor_nbytes(&e->g_fc_bias));
+}
+
+void eagle_trainer_set_feature_loss(struct eagle_trainer *e, float weight) { e->feature_weight = weight; }
+
+/* EAGLE-1's feature regression on the head's last forward: w x the mean over d of
+ * smooth-L1(h_p - f_p) (beta 1) summed over the rows with a target, f_p the frozen model's own
+ * row p; returned, and its gradient x grad_scale left in head_rows for the backward. */
+static double feature_loss(struct eagle_trainer *e, const int32_t *targets, int64_t T, float grad_scale)
+{
+    const int64_t D = e->h->cfg.d_model;
+    const struct tensor out = model_train_final_hidden(e->ht, (int)T);
+    backend_download(e->b, e->head_rows, out.data, tensor_nbytes(&out));
+    const double w = e->feature_weight;
+    double sum = 0.0;
+    for (int64_t p = 0; p < T; p++) {
+        float *g = e->head_rows + p * D;
+        const float *f = e->host + p * D;
+        if (targets[p] < 0) {
+            memset(g, 0, (size_t)D * sizeof *g);
+            continue;
+        }
+        double row = 0.0;
+        for (int64_t j = 0; j < D; j++) {
+            const double x = (double)g[j] - (double)f[j], a = fabs(x);
+            row += a < 1.0 ? 0.5 * x * x : a - 0.5;
+            g[j] = (float)(w * grad_scale * (a < 1.0 ? x : (x > 0 ? 1.0 : -1.0)) / (double)D);
+        }
+        sum += w * row / (double)D;
+    }
+    return sum;
 }
 
 enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batch *tb, const int32_t *targets,
@@ -283,15 +322,15 @@ enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batc
         backend_download(b, e->host, hid.data, tensor_nbytes(&hid));
         if (hidden_out) memcpy(hidden_out, e->host, (size_t)(T * D) * sizeof *e->host);
     }
-    for (int64_t p = T - 1; p >= 0; p--) {
-        float *row = e->host + p * D;
-        if (tb->positions[p] > 0) memcpy(row, row - D, (size_t)D * sizeof *row);
+    for (int64_t p = 0; p < T; p++) {
+        float *row = e->shifted + p * D;
+        if (tb->positions[p] > 0) memcpy(row, e->host + (p - 1) * D, (size_t)D * sizeof *row);
         else memset(row, 0, (size_t)D * sizeof *row);
     }
     struct tensor feat = tensor_first_rows(&e->feat, T), emb = tensor_first_rows(&e->emb, T);
     struct tensor x0 = tensor_first_rows(&e->x0, T), tmp = tensor_first_rows(&e->tmp, T);
     struct tensor tokens = tensor_first_rows(&e->tokens, T);
-    backend_upload(b, feat.data, e->host, tensor_nbytes(&feat));
+    backend_upload(b, feat.data, e->shifted, tensor_nbytes(&feat));
     backend_upload(b, tokens.data, tb->tokens, (size_t)T * sizeof(int32_t));
     /* x0 = scale E[t] W_e^T + f W_f^T + bias (model.c's input_from_features, in training). */
     op_embedding(b, &emb, &e->target->w.tok_embedding, &tokens, 0);
@@ -304,7 +343,14 @@ enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batc
     hb.grad_scale = grad_scale;
     hb.input = &x0;
     hb.hidden_only = 0;
-    if ((st = model_forward_train(e->ht, &hb, loss_sum, n_real)) != STATUS_OK || !backward) return st;
+    if ((st = model_forward_train(e->ht, &hb, loss_sum, n_real)) != STATUS_OK) return st;
+    struct tensor extra = tensor_first_rows(&e->extra, T);
+    if (e->feature_weight > 0.0f) {
+        *loss_sum += feature_loss(e, targets, T, grad_scale);
+        backend_upload(b, extra.data, e->head_rows, tensor_nbytes(&extra)); /* its gradient */
+        hb.extra_grad = &extra;
+    }
+    if (!backward) return STATUS_OK;
     if ((st = model_backward(e->ht, &hb, &e->grads)) != STATUS_OK) return st;
     struct tensor dx0 = model_train_boundary_grad(e->ht, (int)T);
     op_matmul_backward(b, NULL, &e->g_fc_emb, &e->g_fc_bias, &dx0, &emb, &h->input_fc_emb, 0);
@@ -456,6 +502,7 @@ static enum status run_setup(struct eagle_run *r)
     st = eagle_trainer_new(r->m, o->eagle_ffn, o->micro_batch_size * o->seq_length, &o->opt, o->seed, map, n_map, &r->e);
     free(map);
     if (st != STATUS_OK) return st;
+    eagle_trainer_set_feature_loss(r->e, o->eagle_feature_loss);
     if (n_map > 0)
         LOG_INFO(MODULE, "the head's logits over the %d tokens of %s (of %d); serve it with --spec-token-map %s", n_map,
                  o->eagle_token_map, r->m->cfg.vocab_size, o->eagle_token_map);

@@ -7,7 +7,8 @@
  * x_p = embed(t_p) W_e^T + f_{p-1} W_f^T + b, its one layer, and the model's own LM head
  * (frozen), and its loss is the cross-entropy against the data's next token t_{p+1} where the
  * data carry a target (EAGLE-3's token loss; the data are best the model's own answers,
- * tools/distill_data.py). Gradients reach the layer and the fc only; AdamW as the trainer's.
+ * tools/distill_data.py), plus, when asked, EAGLE-1's regression of the head's output on the
+ * model's own row (eagle_trainer_set_feature_loss). Gradients reach the layer and the fc only; AdamW as the trainer's.
  * With a token map the head's logits cover the map's tokens only (the rest carry no loss).
  * The head starts as the probe's (tools/eagle_probe.py): the model's last layer where its shapes
  * match, its output projections damped x 0.05, the fc the identity on the feature half.
@@ -44,6 +45,13 @@ void eagle_trainer_free(struct eagle_trainer *e);
  * index in the token map; -1, no loss, for a token outside it), -1 at each document's first row
  * (no feature before it). Returns how many are >= 0. out has tb->n_tokens entries. */
 int eagle_head_targets(const struct eagle_trainer *e, const struct train_batch *tb, int32_t *out);
+
+/* EAGLE-1's feature regression beside the token loss (0, the default: none): each row with a
+ * target also costs weight x the mean over d_model of smooth-L1(h_p - f_p) (beta 1) between the
+ * head's output h_p and the frozen model's own row f_p, so that the head's output can stand in
+ * for the model's features when a chain drafts from it. tools/eagle_probe.py's loss,
+ * smooth-L1 + 0.1 x cross-entropy, is this at weight 10 (scaled by 10). */
+void eagle_trainer_set_feature_loss(struct eagle_trainer *e, float weight);
 
 /* Zeroes the gradients (a step begins). */
 void eagle_trainer_zero_grads(struct eagle_trainer *e);

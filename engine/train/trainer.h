@@ -78,6 +78,7 @@ struct train_options {
     int         eagle;
     int         eagle_ffn;
     const char *eagle_token_map;  /* --spec-token-map FILE: the head's logits over those tokens */
+    float       eagle_feature_loss; /* --eagle-feature-loss W: EAGLE-1's feature regression's weight */
     enum device device;
     int         threads;
     int         progress;         /* 1: a live progress line (a terminal), 0: plain log lines */
