@@ -44,19 +44,20 @@ sys.path.insert(0, os.path.join(HERE, "reference"))
 sys.dont_write_bytecode = True
 
 try:
-    import jax
+    import jax  # noqa: F401  (test_train_step's AdamW reference)
     import jax.numpy as jnp
-    import optax
+    import optax  # noqa: F401
 except ImportError:
     print("SKIP: train_eagle: jax/optax are not installed (tools/install_deps.sh installs them)")
     sys.exit(77)
 
 import test_train_grad as TG  # noqa: E402  (its forward, models and batches)
+import test_train_step as TS  # noqa: E402  (the AdamW reference and its settings, max_rel)
 
 N_PASS = 0
 N_FAIL = 0
-STEPS, LR, WD, CLIP = 3, 3e-3, 0.1, 0.5
-EPS = 1e-3  # as test_train_step.py: Adam's division by sqrt(v) of f32 noise stays out of the comparison
+STEPS, LR, WD, EPS, CLIP = TS.STEPS, TS.LR, TS.WD, TS.EPS, 0.5
+max_rel = TS.max_rel
 HEAD_KEYS = ("q", "k", "v", "o", "mlp_norm", "gate", "up", "down")
 
 
@@ -153,32 +154,7 @@ def reference_steps(kind, cfg, spec, target, init, batches, last, tmap=None, fea
                 total = total + feature_loss * jnp.sum(jnp.where(real, jnp.mean(smooth_l1(h - rows), axis=1), 0.0))
         return total / n_targets
 
-    params = {k: jnp.asarray(v) for k, v in init.items()}
-    mask = {k: v.ndim == 2 for k, v in params.items()}
-    opt = optax.adamw(LR, b1=0.9, b2=0.999, eps=EPS, weight_decay=WD, mask=mask)
-    state = opt.init(params)
-    losses, norms = [], []
-    for _ in range(STEPS):
-        loss, g = jax.value_and_grad(loss_fn)(params)
-        norm = float(jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree_util.tree_leaves(g))))
-        coef = CLIP / (norm + 1e-6)
-        if coef < 1.0:
-            g = jax.tree_util.tree_map(lambda x: x * coef, g)
-        updates, state = opt.update(g, state, params)
-        params = optax.apply_updates(params, updates)
-        losses.append(float(loss))
-        norms.append(norm)
-    return losses, norms, {k: np.asarray(v) for k, v in params.items()}
-
-
-def max_rel(a, b):
-    worst, key = 0.0, ""
-    for k in b:
-        scale = max(np.max(np.abs(b[k])), 1e-30)
-        e = np.max(np.abs(a[k] - b[k])) / scale
-        if e > worst:
-            worst, key = e, k
-    return worst, key
+    return TS.adamw_steps(loss_fn, init, CLIP)
 
 
 def steps_check(driver, tmp):

@@ -60,6 +60,16 @@ static long dump(FILE *bin, struct model_weights *w, struct weight_ref *t, int n
     return off;
 }
 
+/* PREFIX.SUFFIX opened in mode, or the driver stops. */
+static FILE *open_out(const char *prefix, const char *suffix, const char *mode)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s%s", prefix, suffix);
+    FILE *f = fopen(path, mode);
+    CHECK(f, "cannot write %s", path);
+    return f;
+}
+
 static void dump_json_shape(FILE *js, const struct tensor *t)
 {
     fprintf(js, "\"shape\": [");
@@ -104,12 +114,7 @@ static int eagle_main(int argc, char **argv)
     /* EAGLE_FEATURE_LOSS in the environment: the feature regression's weight */
     if (getenv("EAGLE_FEATURE_LOSS")) eagle_trainer_set_feature_loss(e, (float)atof(getenv("EAGLE_FEATURE_LOSS")));
     for (int i = 0; i < n_mb; i++) n_targets += eagle_head_targets(e, &mb[i].tb, targets[i]);
-    char path[4096];
-    snprintf(path, sizeof path, "%s.bin", argv[2]);
-    FILE *bin = fopen(path, "wb");
-    snprintf(path, sizeof path, "%s.json", argv[2]);
-    FILE *js = fopen(path, "w");
-    CHECK(bin && js, "cannot write %s", argv[2]);
+    FILE *bin = open_out(argv[2], ".bin", "wb"), *js = open_out(argv[2], ".json", "w");
     const int max = weights_table_max(m->w.n_layers);
     struct weight_ref *t = malloc((size_t)max * sizeof *t);
     const struct param_table *pt = eagle_trainer_params(e);
@@ -162,6 +167,7 @@ static int eagle_main(int argc, char **argv)
     fprintf(js, "]}\n");
     fclose(bin);
     fclose(js);
+    char path[4096];
     snprintf(path, sizeof path, "%s.safetensors", argv[2]);
     CHECK(eagle_trainer_save(e, path) == STATUS_OK, "save: %s", status_message());
     eagle_trainer_free(e);
@@ -219,12 +225,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "test_train_step: %s\n", status_message());
         return 1;
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s.bin", argv[2]);
-    FILE *bin = fopen(path, "wb");
-    snprintf(path, sizeof path, "%s.json", argv[2]);
-    FILE *js = fopen(path, "w");
-    CHECK(bin && js, "cannot write %s", argv[2]);
+    FILE *bin = open_out(argv[2], ".bin", "wb"), *js = open_out(argv[2], ".json", "w");
     const int max = weights_table_max(m->w.n_layers);
     struct weight_ref *t = malloc((size_t)max * sizeof *t);
     long *off0 = malloc((size_t)max * sizeof *off0), *off1 = malloc((size_t)max * sizeof *off1);

@@ -84,6 +84,12 @@ def reference_steps(spec, init, batches, clip):
     def loss_fn(p):
         return sum(TG.forward_loss(p, spec, jb) for jb in jbs) / n_targets
 
+    return adamw_steps(loss_fn, init, clip)
+
+
+def adamw_steps(loss_fn, init, clip):
+    """STEPS steps of Megatron-style clipping (clip / (norm + 1e-6)) and optax.adamw (weight decay
+    on matrices) of loss_fn from init: the losses, the gradient norms and the final parameters."""
     params = {k: jnp.asarray(v) for k, v in init.items()}
     mask = {k: v.ndim == 2 for k, v in params.items()}
     opt = optax.adamw(LR, b1=0.9, b2=0.999, eps=EPS, weight_decay=WD, mask=mask)
