@@ -319,6 +319,7 @@ def refusals_check(shardlm, golden, tmp):
         (["--eagle-head", "--spec-token-map", data, "--out", os.path.join(tmp, "r4")], "not a JSON array"),
         (["--eagle-head", "--lora-rank", "4", "--out", os.path.join(tmp, "r2")], "--lora-rank"),
         (["--eagle-head", "--bf16", "--out", os.path.join(tmp, "r3")], "--bf16"),
+        (["--eagle-head", "--save-interval", "5", "--out", os.path.join(tmp, "r5")], "--save-interval"),
         (["--eagle-head", "--out", model], model.rstrip("/")),
     ]
     for extra, want in cases:

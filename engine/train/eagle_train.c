@@ -15,7 +15,7 @@
 #include "train_checkpoint.h"
 
 #define MODULE "train"
-#define EAGLE_ALLOCS 24
+#define EAGLE_ALLOCS 32
 
 struct eagle_trainer {
     struct backend *b;
@@ -468,10 +468,12 @@ static enum status run_setup(struct eagle_run *r)
     const struct train_options *o = r->o;
     if (o->tp > 1 || o->pp > 1 || o->lora_rank > 0 || o->resume_dir || o->precision != TRAIN_PRECISION_F32 ||
         o->distributed_optimizer || o->ep > 1 || o->moe_aux_loss_coeff != 0.0f || o->moe_z_loss_coeff != 0.0f ||
-        o->moe_router_bias_update_rate != 0.0f)
-        return status_errorf(STATUS_UNSUPPORTED, "--eagle-head trains one head on one rank in f32: it takes none of "
-                             "--tp, --pp, --ep, --lora-rank, --resume, --bf16/--fp16, --use-distributed-optimizer, "
-                             "the --moe-* losses");
+        o->moe_router_bias_update_rate != 0.0f || o->save_interval > 0 || o->pp_layers ||
+        o->memory.recompute != TRAIN_RECOMPUTE_NONE || o->memory.sequence_parallel)
+        return status_errorf(STATUS_UNSUPPORTED, "--eagle-head trains one head on one rank in f32 and writes it at the "
+                             "end: it takes none of --tp, --pp, --pp-layers, --ep, --lora-rank, --resume, --save-interval, "
+                             "--bf16/--fp16, --use-distributed-optimizer, --sequence-parallel, --recompute-*, the "
+                             "--moe-* losses");
     if (o->micro_batch_size < 1 || o->global_batch_size < 1 || o->global_batch_size % o->micro_batch_size)
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "--global-batch-size (%d) must be a positive multiple of --micro-batch-size (%d)",
