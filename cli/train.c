@@ -83,6 +83,8 @@ static const char *const train_help =
     "  --eagle-ffn N           the head's MLP rows [the model's; required for a mixture of experts]\n"
     "  --eagle-feature-loss W  also regress the head's output on the model's own hidden state,\n"
     "                          W x smooth-L1 (EAGLE-1's loss; 10 = its 1 : 0.1) [0: tokens only]\n"
+    "  --eagle-init FILE       start from this head (a head continued on more data) [the model's\n"
+    "                          last layer, fc = [0 | I]]\n"
     "  --spec-token-map FILE   the head's logits over these tokens only (a JSON array of ids, as\n"
     "                          serve's --spec-token-map, which serving it then needs) [all]\n"
     "precision (fp32 master weights, gradients and moments in every mode):\n"
@@ -157,6 +159,7 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
     else if (!strcmp(a, "--moe-router-bias-update-rate")) { double x; if (parse_double(v, &x) || !(x > 0.0 && x < 1.0)) return bad("--moe-router-bias-update-rate must be a number in (0, 1), got '%s'", v); o->moe_router_bias_update_rate = (float)x; }
     else if (!strcmp(a, "--moe-z-loss-coeff")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x < 1e6)) return bad("--moe-z-loss-coeff must be a number >= 0, got '%s'", v); o->moe_z_loss_coeff = (float)x; }
     else if (!strcmp(a, "--spec-token-map")) o->eagle_token_map = v;
+    else if (!strcmp(a, "--eagle-init")) o->eagle_init = v;
     else if (!strcmp(a, "--eagle-feature-loss")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x <= 1e6)) return bad("--eagle-feature-loss must be a number in [0, 1e6], got '%s'", v); o->eagle_feature_loss = (float)x; }
     else if (!strcmp(a, "--eagle-ffn")) { if (parse_int(v, 1, 1 << 20, &o->eagle_ffn)) return bad("--eagle-ffn must be an integer in [1, 1048576], got '%s'", v); }
     else if (!strcmp(a, "--lora-rank")) { if (parse_int(v, 1, 4096, &o->lora_rank)) return bad("--lora-rank must be an integer in [1, 4096], got '%s'", v); }
@@ -291,9 +294,9 @@ int train_main(int argc, char **argv)
     if (o.loss_scale > 0 && o.precision != TRAIN_PRECISION_FP16) return bad("--loss-scale applies to --fp16 only%s", "");
     if (!o.data) return bad("--data FILE is required%s", "");
     if (!o.out_dir) return bad("--out DIR is required%s", "");
-    if ((o.eagle_ffn || o.eagle_token_map || o.eagle_feature_loss > 0) && !o.eagle)
+    if ((o.eagle_ffn || o.eagle_token_map || o.eagle_feature_loss > 0 || o.eagle_init) && !o.eagle)
         return bad("%s applies to --eagle-head", o.eagle_ffn ? "--eagle-ffn" : o.eagle_token_map ? "--spec-token-map"
-                                                                                               : "--eagle-feature-loss");
+                                                 : o.eagle_init ? "--eagle-init" : "--eagle-feature-loss");
     if (o.eagle && !o.model_dir) return bad("--eagle-head needs --model (the model the head drafts for)%s", "");
     if (o.global_batch_size == 0) o.global_batch_size = o.micro_batch_size;
     if (o.memory.recompute == TRAIN_RECOMPUTE_UNIFORM && recompute_block) o.memory.recompute = TRAIN_RECOMPUTE_BLOCK;

@@ -21,9 +21,11 @@
    stories the model sampled itself, then `shardlm generate --speculative eagle`: the greedy
    text equals the text without speculation, and at least 30 % of the drafts are accepted
    (42 % here; by hand, a head trained 30 steps on Shakespeare instead had 0 of 32 accepted);
-   and the frozen model's rows cached after the first epoch train the same head as its forward
-   run every epoch.
-3. Refusals: --eagle-ffn without --eagle-head, --eagle-head with LoRA or bf16, --out the model.
+   the frozen model's rows cached after the first epoch train the same head as its forward run
+   every epoch; and --eagle-init continues from the trained head's tensors.
+3. Refusals: --eagle-ffn, --spec-token-map, --eagle-init without --eagle-head; --eagle-head with
+   LoRA, bf16 or --save-interval, a token map that is not one, a head of other shapes to
+   continue, --out the model.
 
 Prints one line per check and "N passed, M failed"; exits 77 (SKIP) without jax/optax.
 """
@@ -263,6 +265,16 @@ def served_check(shardlm, golden, tmp):
     check(len(losses) > 20 and np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]) and len(evals) == 1,
           "the head's training loss fell from %.3f to %.3f over %d iterations; held-out %.3f"
           % (np.mean(losses[:5]), np.mean(losses[-5:]), len(losses), evals[0] if evals else float("nan")))
+    # --eagle-init: the head continued (one step at a negligible rate leaves it where it was).
+    cont = os.path.join(tmp, "continued")
+    rc = run([shardlm, "train", "--eagle-head", "--model", model, "--data", data, "--out", cont, "--eagle-init", head,
+              "--train-iters", "1", "--seq-length", "128", "--lr", "1e-12", "--threads", "2"])
+    h0 = TG.read_safetensors(head)
+    h1 = TG.read_safetensors(os.path.join(cont, "eagle_head.safetensors")) if rc.returncode == 0 else {}
+    crel = max((np.max(np.abs(h1[k] - h0[k])) / max(np.max(np.abs(h0[k])), 1e-30) for k in h0 if k in h1), default=1.0)
+    check(rc.returncode == 0 and sorted(h1) == sorted(h0) and crel < 1e-6,
+          "--eagle-init: a head continued from the trained one starts from its %d tensors (after one step at lr "
+          "1e-12: rel %.1e)" % (len(h0), crel))
     # The frozen model's rows kept after the first epoch (the default) against recomputed every
     # epoch (SHARDLM_EAGLE_FEATURE_CACHE_MB=0): the same training, on 40 stories for 3 epochs.
     small = os.path.join(tmp, "own40.jsonl")
@@ -320,6 +332,9 @@ def refusals_check(shardlm, golden, tmp):
         (["--eagle-head", "--lora-rank", "4", "--out", os.path.join(tmp, "r2")], "--lora-rank"),
         (["--eagle-head", "--bf16", "--out", os.path.join(tmp, "r3")], "--bf16"),
         (["--eagle-head", "--save-interval", "5", "--out", os.path.join(tmp, "r5")], "--save-interval"),
+        (["--eagle-init", data, "--out", os.path.join(tmp, "r6")], "--eagle-init applies to --eagle-head"),
+        (["--eagle-head", "--eagle-init", os.path.join(tmp, "gemma3_eagle.safetensors"), "--out",
+          os.path.join(tmp, "r7")], "tensor fc.weight is F32 of 2 dimensions (48 x 96); the head needs float (64 x 128)"),
         (["--eagle-head", "--out", model], model.rstrip("/")),
     ]
     for extra, want in cases:

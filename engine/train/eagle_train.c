@@ -377,15 +377,17 @@ static float *download_f32(struct eagle_trainer *e, const struct tensor *t)
     return v;
 }
 
-enum status eagle_trainer_save(struct eagle_trainer *e, const char *path)
+/* The head's tensors under EAGLE's names, but fc.weight (the two halves W_e, W_f side by side). */
+enum { HEAD_NAMED = 9 };
+struct named {
+    const char *name;
+    struct tensor *t;
+};
+
+static void head_named(struct model *h, struct named list[HEAD_NAMED])
 {
-    const struct model *h = e->h;
-    const struct layer_weights *w = &h->w.layers[0];
-    const int64_t D = h->cfg.d_model;
-    const struct {
-        const char *name;
-        const struct tensor *t;
-    } list[] = {
+    struct layer_weights *w = &h->w.layers[0];
+    const struct named all[HEAD_NAMED] = {
         {"fc.bias", &h->input_fc_bias},
         {"layers.0.self_attn.q_proj.weight", &w->wq},
         {"layers.0.self_attn.k_proj.weight", &w->wk},
@@ -396,7 +398,66 @@ enum status eagle_trainer_save(struct eagle_trainer *e, const char *path)
         {"layers.0.mlp.up_proj.weight", &w->w_up},
         {"layers.0.mlp.down_proj.weight", &w->w_down},
     };
-    enum { N = sizeof list / sizeof list[0] };
+    memcpy(list, all, sizeof all);
+}
+
+enum status eagle_trainer_load(struct eagle_trainer *e, const char *path)
+{
+    struct model *h = e->h;
+    const int64_t D = h->cfg.d_model;
+    struct named list[HEAD_NAMED];
+    head_named(h, list);
+    struct safetensors *sf = NULL;
+    enum status st = safetensors_open(path, &sf);
+    if (st != STATUS_OK) return status_errorf(st, "--eagle-init %s: %s", path, status_message());
+    float *host = NULL;
+    for (int i = -1; i < HEAD_NAMED && st == STATUS_OK; i++) { /* -1: fc.weight */
+        const char *name = i < 0 ? "fc.weight" : list[i].name;
+        const struct tensor *t = i < 0 ? NULL : list[i].t;
+        const int ndim = t ? t->ndim : 2;
+        const int64_t rows = t ? t->shape[0] : D, cols = t ? (ndim > 1 ? t->shape[1] : 1) : 2 * D;
+        const struct st_tensor *f = safetensors_find(sf, name);
+        if (!f) {
+            st = status_errorf(STATUS_INVALID_ARGUMENT, "--eagle-init %s: no tensor '%s' (an EAGLE-1 head of this "
+                               "model)", path, name);
+            break;
+        }
+        if (!f->supported || f->elem_size == 0 || f->ndim != ndim || f->shape[0] != rows ||
+            (ndim > 1 && f->shape[1] != cols)) {
+            st = status_errorf(STATUS_INVALID_ARGUMENT, "--eagle-init %s: tensor %s is %s of %d dimensions (%lld x "
+                               "%lld); the head needs float (%lld x %lld)", path, name, f->dtype_name, f->ndim,
+                               (long long)f->shape[0], (long long)(f->ndim > 1 ? f->shape[1] : 1), (long long)rows,
+                               (long long)cols);
+            break;
+        }
+        float *grown = realloc(host, (size_t)f->numel * sizeof *host);
+        if (!grown) {
+            st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
+            break;
+        }
+        host = grown;
+        if ((st = safetensors_read(f, DTYPE_F32, host, (size_t)f->numel * sizeof *host)) != STATUS_OK) break;
+        if (t) {
+            backend_upload(e->b, t->data, host, tensor_nbytes(t));
+            continue;
+        }
+        for (int64_t r = 0; r < D; r++) { /* row r: [W_e row r | W_f row r] */
+            backend_upload(e->b, (float *)h->input_fc_emb.data + r * D, host + r * 2 * D, (size_t)D * sizeof *host);
+            backend_upload(e->b, (float *)h->input_fc_feat.data + r * D, host + r * 2 * D + D, (size_t)D * sizeof *host);
+        }
+    }
+    free(host);
+    safetensors_close(sf);
+    return st;
+}
+
+enum status eagle_trainer_save(struct eagle_trainer *e, const char *path)
+{
+    struct model *h = e->h;
+    const int64_t D = h->cfg.d_model;
+    struct named list[HEAD_NAMED];
+    head_named(h, list);
+    enum { N = HEAD_NAMED };
     float *host[N + 1] = {0};
     struct safetensors_writer *sw = NULL;
     enum status st = safetensors_writer_begin(path, &sw);
@@ -501,8 +562,20 @@ static enum status run_setup(struct eagle_run *r)
     if (o->eagle_token_map &&
         (st = draft_token_map_read(o->eagle_token_map, r->m->cfg.vocab_size, &map, &n_map)) != STATUS_OK)
         return st;
-    st = eagle_trainer_new(r->m, o->eagle_ffn, o->micro_batch_size * o->seq_length, &o->opt, o->seed, map, n_map, &r->e);
+    int ffn = o->eagle_ffn;
+    if (o->eagle_init && ffn == 0) { /* the MLP of the head continued */
+        struct safetensors *sf = NULL;
+        if ((st = safetensors_open(o->eagle_init, &sf)) != STATUS_OK) {
+            free(map);
+            return status_errorf(st, "--eagle-init %s: %s", o->eagle_init, status_message());
+        }
+        const struct st_tensor *up = safetensors_find(sf, "layers.0.mlp.up_proj.weight");
+        if (up && up->ndim == 2 && up->shape[0] > 0 && up->shape[0] <= (1 << 20)) ffn = (int)up->shape[0];
+        safetensors_close(sf);
+    }
+    st = eagle_trainer_new(r->m, ffn, o->micro_batch_size * o->seq_length, &o->opt, o->seed, map, n_map, &r->e);
     free(map);
+    if (st == STATUS_OK && o->eagle_init) st = eagle_trainer_load(r->e, o->eagle_init);
     if (st != STATUS_OK) return st;
     eagle_trainer_set_feature_loss(r->e, o->eagle_feature_loss);
     if (n_map > 0)
