@@ -60,6 +60,14 @@ static long dump(FILE *bin, struct model_weights *w, struct weight_ref *t, int n
     return off;
 }
 
+/* AdamW at a constant LR, WEIGHT_DECAY, CLIP, EPS from argv[4..7] (both modes' order). */
+static struct optimizer_options optimizer_args(char **argv)
+{
+    return (struct optimizer_options){.lr = atof(argv[4]), .min_lr = 0, .decay_style = LR_DECAY_CONSTANT,
+                                      .weight_decay = atof(argv[5]), .beta1 = 0.9, .beta2 = 0.999,
+                                      .eps = atof(argv[7]), .clip_grad = atof(argv[6])};
+}
+
 /* PREFIX.SUFFIX opened in mode, or the driver stops. */
 static FILE *open_out(const char *prefix, const char *suffix, const char *mode)
 {
@@ -86,9 +94,7 @@ static int eagle_main(int argc, char **argv)
         return 2;
     }
     const int steps = atoi(argv[3]), n_mb = argc - 9;
-    struct optimizer_options oo = {.lr = atof(argv[4]), .min_lr = 0, .decay_style = LR_DECAY_CONSTANT,
-                                   .weight_decay = atof(argv[5]), .beta1 = 0.9, .beta2 = 0.999, .eps = atof(argv[7]),
-                                   .clip_grad = atof(argv[6])};
+    const struct optimizer_options oo = optimizer_args(argv);
     struct host_batch *mb = calloc((size_t)n_mb, sizeof *mb);
     int32_t **targets = calloc((size_t)n_mb, sizeof *targets);
     CHECK(mb && targets && steps <= 64, "out of memory, or more than 64 steps");
@@ -189,9 +195,7 @@ int main(int argc, char **argv)
         return 2;
     }
     const int steps = atoi(argv[3]), n_mb = argc - 8;
-    struct optimizer_options oo = {.lr = atof(argv[4]), .min_lr = 0, .decay_style = LR_DECAY_CONSTANT,
-                                   .weight_decay = atof(argv[5]), .beta1 = 0.9, .beta2 = 0.999, .eps = atof(argv[7]),
-                                   .clip_grad = atof(argv[6])};
+    const struct optimizer_options oo = optimizer_args(argv);
     struct host_batch *mb = calloc((size_t)n_mb, sizeof *mb);
     int max_tokens = 0, targets = 0;
     for (int i = 0; i < n_mb; i++) {

@@ -7,6 +7,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "safetensors.h"
 
 /* The head's own layer is Llama-style whatever the target's layers are (eagle_head_shape); what
  * it borrows is the target's two ends (embeddings, LM head, rotary base and scaling) and its
@@ -62,6 +65,58 @@ void eagle_head_shape(struct model *h, const struct model *target, const struct 
     h->w.lm_head = ends->w.lm_head;
     h->rope_factors = ends->rope_factors;
     snprintf(h->quantization, sizeof h->quantization, "none");
+}
+
+void eagle_head_tensors(struct model *h, struct eagle_head_tensor out[EAGLE_HEAD_TENSORS])
+{
+    const struct model_config *c = &h->cfg;
+    const int64_t D = c->d_model, hq = (int64_t)c->n_heads * c->head_dim, hkv = (int64_t)c->n_kv_heads * c->head_dim;
+    const int64_t F = c->ffn_hidden;
+    struct layer_weights *w = &h->w.layers[0];
+    const struct eagle_head_tensor all[EAGLE_HEAD_TENSORS] = {
+        {"fc.weight", D, 2 * D, NULL, 0},
+        {"fc.bias", D, 0, &h->input_fc_bias, 1},
+        {"layers.0.self_attn.q_proj.weight", hq, D, &w->wq, 0},
+        {"layers.0.self_attn.k_proj.weight", hkv, D, &w->wk, 0},
+        {"layers.0.self_attn.v_proj.weight", hkv, D, &w->wv, 0},
+        {"layers.0.self_attn.o_proj.weight", D, hq, &w->wo, 0},
+        {"layers.0.post_attention_layernorm.weight", D, 0, &w->mlp_norm, 0},
+        {"layers.0.mlp.gate_proj.weight", F, D, &w->w_gate, 0},
+        {"layers.0.mlp.up_proj.weight", F, D, &w->w_up, 0},
+        {"layers.0.mlp.down_proj.weight", D, F, &w->w_down, 0},
+    };
+    memcpy(out, all, sizeof all);
+}
+
+enum status eagle_head_read(const struct safetensors *st, const char *what, const char *who,
+                            const struct eagle_head_tensor *want, float **host, int *absent)
+{
+    *absent = 0;
+    const struct st_tensor *t = safetensors_find(st, want->name);
+    if (!t && want->optional) {
+        *absent = 1;
+        return STATUS_OK;
+    }
+    if (!t) return status_errorf(STATUS_INVALID_ARGUMENT, "%s: no tensor '%s' (an EAGLE-1 head)", what, want->name);
+    const int dims = want->cols ? 2 : 1;
+    if (!t->supported || t->elem_size == 0 || t->ndim != dims || t->shape[0] != want->rows ||
+        (dims == 2 && t->shape[1] != want->cols))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: tensor %s is %s of %d dimensions (%lld x %lld); %s needs "
+                             "float (%lld x %lld)", what, want->name, t->dtype_name, t->ndim, (long long)t->shape[0],
+                             (long long)(t->ndim > 1 ? t->shape[1] : 1), who, (long long)want->rows,
+                             (long long)(want->cols ? want->cols : 1));
+    float *grown = realloc(*host, (size_t)t->numel * sizeof **host);
+    if (!grown) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of host memory", what);
+    *host = grown;
+    return safetensors_read(t, DTYPE_F32, grown, (size_t)t->numel * sizeof *grown);
+}
+
+void eagle_head_fc_split(const float *fc, int64_t d, float *w_emb, float *w_feat)
+{
+    for (int64_t r = 0; r < d; r++) {
+        memcpy(w_emb + r * d, fc + r * 2 * d, (size_t)d * sizeof *fc);
+        memcpy(w_feat + r * d, fc + r * 2 * d + d, (size_t)d * sizeof *fc);
+    }
 }
 
 static enum status parse_token_map(const char *path, const char *text, int vocab, int32_t **ids, int *n)

@@ -28,6 +28,29 @@ const char *eagle_head_unfit(const struct model *t);
  * weights and the fc are the caller's. */
 void eagle_head_shape(struct model *h, const struct model *target, const struct model *ends, int ffn);
 
+/* The tensors of an EAGLE-1 head file, under EAGLE's names, for head h (its shape set): fc.weight
+ * first ((d, 2d): each row the embedding's columns, then the feature's; t NULL, its halves are
+ * h->input_fc_emb and h->input_fc_feat), then fc.bias (optional in a file) and the layer's. One
+ * owner of the format for loading (draft.c), training and saving (eagle_train.c). */
+enum { EAGLE_HEAD_TENSORS = 10 };
+struct eagle_head_tensor {
+    const char *name;
+    int64_t rows, cols;            /* cols 0: a vector */
+    struct tensor *t;
+    int optional;
+};
+void eagle_head_tensors(struct model *h, struct eagle_head_tensor out[EAGLE_HEAD_TENSORS]);
+
+struct safetensors;
+/* Tensor `want` of an open head file as f32 rows in *host (grown to fit; the caller frees),
+ * its shape checked. *absent = 1 (and STATUS_OK) for an optional tensor the file lacks.
+ * STATUS_INVALID_ARGUMENT otherwise, the message opening with `what` (the flag and file) and
+ * naming `who` needs the shape ("the served model", "the head"). */
+enum status eagle_head_read(const struct safetensors *st, const char *what, const char *who,
+                            const struct eagle_head_tensor *want, float **host, int *absent);
+/* fc.weight's rows (d, 2d) into its two halves W_e, W_f (d, d) each. */
+void eagle_head_fc_split(const float *fc, int64_t d, float *w_emb, float *w_feat);
+
 /* A draft head's token map (--spec-token-map FILE, serving and training): a JSON array of
  * distinct token ids of [0, vocab), read into *ids (malloc'd, ascending: the order of the cut
  * head's rows) and *n. STATUS_INVALID_ARGUMENT naming the file and the entry otherwise. */

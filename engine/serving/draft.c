@@ -92,14 +92,6 @@ enum status draft_load(const char *dir, struct backend *b, const struct model *t
 
 /* ---- EAGLE --------------------------------------------------------------------------------- */
 
-/* The head's tensors: name in the file, rows and columns (0 = a vector), where it goes. */
-struct eagle_tensor {
-    const char *name;
-    int64_t rows, cols;
-    struct tensor *t;
-    int optional;
-};
-
 /* t's blocks (type qt, CPU memory) packed eight rows at a time into packed (quant_packed_bytes),
  * as model loading packs the CPU's block weights, and t pointed at the copy. */
 static void pack_rows8(struct tensor *t, enum quant_type qt, void *packed)
@@ -168,54 +160,22 @@ static enum status eagle_place(struct draft *d, struct model *h, const float *sr
 static enum status eagle_weights(struct draft *d, struct model *h, const struct model *target,
                                  const struct safetensors *st, const char *path)
 {
-    const struct model_config *c = &h->cfg;
-    const int64_t D = c->d_model, hq = (int64_t)c->n_heads * c->head_dim, hkv = (int64_t)c->n_kv_heads * c->head_dim;
-    const int64_t F = c->ffn_hidden;
+    const int64_t D = h->cfg.d_model;
     const char *force = getenv("SHARDLM_EAGLE_WEIGHTS");
     const int q8 = h->b->device == DEVICE_CPU &&
                    (force && *force ? !strcmp(force, "q8_0") : target->weight_bytes_blocks > 0);
-    struct layer_weights *w = &h->w.layers[0];
-    const struct eagle_tensor list[] = {
-        {"fc.weight", D, 2 * D, NULL, 0},
-        {"fc.bias", D, 0, &h->input_fc_bias, 1},
-        {"layers.0.self_attn.q_proj.weight", hq, D, &w->wq, 0},
-        {"layers.0.self_attn.k_proj.weight", hkv, D, &w->wk, 0},
-        {"layers.0.self_attn.v_proj.weight", hkv, D, &w->wv, 0},
-        {"layers.0.self_attn.o_proj.weight", D, hq, &w->wo, 0},
-        {"layers.0.post_attention_layernorm.weight", D, 0, &w->mlp_norm, 0},
-        {"layers.0.mlp.gate_proj.weight", F, D, &w->w_gate, 0},
-        {"layers.0.mlp.up_proj.weight", F, D, &w->w_up, 0},
-        {"layers.0.mlp.down_proj.weight", D, F, &w->w_down, 0},
-    };
+    struct eagle_head_tensor list[EAGLE_HEAD_TENSORS];
+    eagle_head_tensors(h, list);
+    char what[4200];
+    snprintf(what, sizeof what, "--draft-model %s", path);
     enum status ret = STATUS_OK;
     float *host = NULL;
-    for (size_t i = 0; i < sizeof list / sizeof list[0] && ret == STATUS_OK; i++) {
-        const struct st_tensor *t = safetensors_find(st, list[i].name);
-        if (!t && list[i].optional) continue;
-        if (!t) {
-            ret = status_errorf(STATUS_INVALID_ARGUMENT, "--draft-model %s: no tensor '%s' (an EAGLE-1 head)", path,
-                                list[i].name);
-            break;
-        }
-        const int dims = list[i].cols ? 2 : 1;
-        if (!t->supported || t->elem_size == 0 || t->ndim != dims || t->shape[0] != list[i].rows ||
-            (dims == 2 && t->shape[1] != list[i].cols)) {
-            ret = status_errorf(STATUS_INVALID_ARGUMENT,
-                                "--draft-model %s: tensor %s is %s of %d dimensions (%lld x %lld); the served model "
-                                "needs float (%lld x %lld)", path, list[i].name, t->dtype_name, t->ndim,
-                                (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 1),
-                                (long long)list[i].rows, (long long)(list[i].cols ? list[i].cols : 1));
-            break;
-        }
-        float *grown = realloc(host, (size_t)t->numel * sizeof *host);
-        if (!grown) {
-            ret = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory");
-            break;
-        }
-        host = grown;
-        if ((ret = safetensors_read(t, DTYPE_F32, host, (size_t)t->numel * sizeof *host)) != STATUS_OK) break;
+    for (int i = 0; i < EAGLE_HEAD_TENSORS && ret == STATUS_OK; i++) {
+        int absent = 0;
+        if ((ret = eagle_head_read(st, what, "the served model", &list[i], &host, &absent)) != STATUS_OK || absent)
+            continue;
         if (list[i].t) {
-            ret = eagle_place(d, h, host, list[i].rows, list[i].cols, q8 && dims == 2 && list[i].cols % 32 == 0,
+            ret = eagle_place(d, h, host, list[i].rows, list[i].cols, q8 && list[i].cols && list[i].cols % 32 == 0,
                               list[i].t);
             continue;
         }
@@ -225,10 +185,7 @@ static enum status eagle_weights(struct draft *d, struct model *h, const struct 
             ret = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory");
             break;
         }
-        for (int64_t r = 0; r < D; r++) {
-            memcpy(half + r * D, host + r * 2 * D, (size_t)D * sizeof *half);
-            memcpy(half + (D + r) * D, host + r * 2 * D + D, (size_t)D * sizeof *half);
-        }
+        eagle_head_fc_split(host, D, half, half + D * D);
         ret = eagle_place(d, h, half, D, D, q8 && D % 32 == 0, &h->input_fc_emb);
         if (ret == STATUS_OK) ret = eagle_place(d, h, half + D * D, D, D, q8 && D % 32 == 0, &h->input_fc_feat);
         free(half);

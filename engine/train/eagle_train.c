@@ -377,77 +377,31 @@ static float *download_f32(struct eagle_trainer *e, const struct tensor *t)
     return v;
 }
 
-/* The head's tensors under EAGLE's names, but fc.weight (the two halves W_e, W_f side by side). */
-enum { HEAD_NAMED = 9 };
-struct named {
-    const char *name;
-    struct tensor *t;
-};
-
-static void head_named(struct model *h, struct named list[HEAD_NAMED])
-{
-    struct layer_weights *w = &h->w.layers[0];
-    const struct named all[HEAD_NAMED] = {
-        {"fc.bias", &h->input_fc_bias},
-        {"layers.0.self_attn.q_proj.weight", &w->wq},
-        {"layers.0.self_attn.k_proj.weight", &w->wk},
-        {"layers.0.self_attn.v_proj.weight", &w->wv},
-        {"layers.0.self_attn.o_proj.weight", &w->wo},
-        {"layers.0.post_attention_layernorm.weight", &w->mlp_norm},
-        {"layers.0.mlp.gate_proj.weight", &w->w_gate},
-        {"layers.0.mlp.up_proj.weight", &w->w_up},
-        {"layers.0.mlp.down_proj.weight", &w->w_down},
-    };
-    memcpy(list, all, sizeof all);
-}
-
-enum status eagle_trainer_load(struct eagle_trainer *e, const char *path)
+enum status eagle_trainer_load(struct eagle_trainer *e, const struct safetensors *sf, const char *path)
 {
     struct model *h = e->h;
     const int64_t D = h->cfg.d_model;
-    struct named list[HEAD_NAMED];
-    head_named(h, list);
-    struct safetensors *sf = NULL;
-    enum status st = safetensors_open(path, &sf);
-    if (st != STATUS_OK) return status_errorf(st, "--eagle-init %s: %s", path, status_message());
-    float *host = NULL;
-    for (int i = -1; i < HEAD_NAMED && st == STATUS_OK; i++) { /* -1: fc.weight */
-        const char *name = i < 0 ? "fc.weight" : list[i].name;
-        const struct tensor *t = i < 0 ? NULL : list[i].t;
-        const int ndim = t ? t->ndim : 2;
-        const int64_t rows = t ? t->shape[0] : D, cols = t ? (ndim > 1 ? t->shape[1] : 1) : 2 * D;
-        const struct st_tensor *f = safetensors_find(sf, name);
-        if (!f) {
-            st = status_errorf(STATUS_INVALID_ARGUMENT, "--eagle-init %s: no tensor '%s' (an EAGLE-1 head of this "
-                               "model)", path, name);
-            break;
-        }
-        if (!f->supported || f->elem_size == 0 || f->ndim != ndim || f->shape[0] != rows ||
-            (ndim > 1 && f->shape[1] != cols)) {
-            st = status_errorf(STATUS_INVALID_ARGUMENT, "--eagle-init %s: tensor %s is %s of %d dimensions (%lld x "
-                               "%lld); the head needs float (%lld x %lld)", path, name, f->dtype_name, f->ndim,
-                               (long long)f->shape[0], (long long)(f->ndim > 1 ? f->shape[1] : 1), (long long)rows,
-                               (long long)cols);
-            break;
-        }
-        float *grown = realloc(host, (size_t)f->numel * sizeof *host);
-        if (!grown) {
-            st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
-            break;
-        }
-        host = grown;
-        if ((st = safetensors_read(f, DTYPE_F32, host, (size_t)f->numel * sizeof *host)) != STATUS_OK) break;
-        if (t) {
-            backend_upload(e->b, t->data, host, tensor_nbytes(t));
+    struct eagle_head_tensor list[EAGLE_HEAD_TENSORS];
+    eagle_head_tensors(h, list);
+    list[1].optional = 0; /* the trainer's head has a bias: a file without one is not its shape */
+    char what[4200];
+    snprintf(what, sizeof what, "--eagle-init %s", path);
+    enum status st = STATUS_OK;
+    float *host = NULL, *half = malloc((size_t)(2 * D * D) * sizeof *half);
+    if (!half) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
+    for (int i = 0; i < EAGLE_HEAD_TENSORS && st == STATUS_OK; i++) {
+        int absent = 0;
+        if ((st = eagle_head_read(sf, what, "the head", &list[i], &host, &absent)) != STATUS_OK) break;
+        if (list[i].t) {
+            backend_upload(e->b, list[i].t->data, host, tensor_nbytes(list[i].t));
             continue;
         }
-        for (int64_t r = 0; r < D; r++) { /* row r: [W_e row r | W_f row r] */
-            backend_upload(e->b, (float *)h->input_fc_emb.data + r * D, host + r * 2 * D, (size_t)D * sizeof *host);
-            backend_upload(e->b, (float *)h->input_fc_feat.data + r * D, host + r * 2 * D + D, (size_t)D * sizeof *host);
-        }
+        eagle_head_fc_split(host, D, half, half + D * D);
+        backend_upload(e->b, h->input_fc_emb.data, half, (size_t)(D * D) * sizeof *half);
+        backend_upload(e->b, h->input_fc_feat.data, half + D * D, (size_t)(D * D) * sizeof *half);
     }
     free(host);
-    safetensors_close(sf);
+    free(half);
     return st;
 }
 
@@ -455,27 +409,27 @@ enum status eagle_trainer_save(struct eagle_trainer *e, const char *path)
 {
     struct model *h = e->h;
     const int64_t D = h->cfg.d_model;
-    struct named list[HEAD_NAMED];
-    head_named(h, list);
-    enum { N = HEAD_NAMED };
-    float *host[N + 1] = {0};
+    struct eagle_head_tensor list[EAGLE_HEAD_TENSORS];
+    eagle_head_tensors(h, list); /* fc.weight first: joined below from its halves */
+    enum { N = EAGLE_HEAD_TENSORS };
+    float *host[N] = {0};
     struct safetensors_writer *sw = NULL;
     enum status st = safetensors_writer_begin(path, &sw);
     /* fc.weight: row r is [W_e row r | W_f row r] */
     float *we = st == STATUS_OK ? download_f32(e, &h->input_fc_emb) : NULL;
     float *wf = st == STATUS_OK ? download_f32(e, &h->input_fc_feat) : NULL;
-    host[N] = st == STATUS_OK ? malloc((size_t)(2 * D * D) * sizeof(float)) : NULL;
-    if (st == STATUS_OK && (!we || !wf || !host[N]))
+    host[0] = st == STATUS_OK ? malloc((size_t)(2 * D * D) * sizeof(float)) : NULL;
+    if (st == STATUS_OK && (!we || !wf || !host[0]))
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
     for (int64_t r = 0; st == STATUS_OK && r < D; r++) {
-        memcpy(host[N] + r * 2 * D, we + r * D, (size_t)D * sizeof(float));
-        memcpy(host[N] + r * 2 * D + D, wf + r * D, (size_t)D * sizeof(float));
+        memcpy(host[0] + r * 2 * D, we + r * D, (size_t)D * sizeof(float));
+        memcpy(host[0] + r * 2 * D + D, wf + r * D, (size_t)D * sizeof(float));
     }
     free(we);
     free(wf);
     const int64_t fc_shape[2] = {D, 2 * D};
-    if (st == STATUS_OK) st = safetensors_writer_add(sw, "fc.weight", DTYPE_F32, 2, fc_shape, host[N]);
-    for (int i = 0; i < N && st == STATUS_OK; i++) {
+    if (st == STATUS_OK) st = safetensors_writer_add(sw, list[0].name, DTYPE_F32, 2, fc_shape, host[0]);
+    for (int i = 1; i < N && st == STATUS_OK; i++) {
         if (!(host[i] = download_f32(e, list[i].t))) {
             st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
             break;
@@ -491,7 +445,7 @@ enum status eagle_trainer_save(struct eagle_trainer *e, const char *path)
         sw = NULL;
     }
     safetensors_writer_free(sw);
-    for (int i = 0; i <= N; i++) free(host[i]);
+    for (int i = 0; i < N; i++) free(host[i]);
     if (st != STATUS_OK) return status_errorf(st, "--eagle-head: writing %s: %s", path, status_message());
     return STATUS_OK;
 }
@@ -563,19 +517,18 @@ static enum status run_setup(struct eagle_run *r)
         (st = draft_token_map_read(o->eagle_token_map, r->m->cfg.vocab_size, &map, &n_map)) != STATUS_OK)
         return st;
     int ffn = o->eagle_ffn;
-    if (o->eagle_init && ffn == 0) { /* the MLP of the head continued */
-        struct safetensors *sf = NULL;
-        if ((st = safetensors_open(o->eagle_init, &sf)) != STATUS_OK) {
-            free(map);
-            return status_errorf(st, "--eagle-init %s: %s", o->eagle_init, status_message());
-        }
-        const struct st_tensor *up = safetensors_find(sf, "layers.0.mlp.up_proj.weight");
-        if (up && up->ndim == 2 && up->shape[0] > 0 && up->shape[0] <= (1 << 20)) ffn = (int)up->shape[0];
-        safetensors_close(sf);
+    struct safetensors *init = NULL;
+    if (o->eagle_init && (st = safetensors_open(o->eagle_init, &init)) != STATUS_OK) {
+        free(map);
+        return status_errorf(st, "--eagle-init %s: %s", o->eagle_init, status_message());
     }
+    const struct st_tensor *up = init ? safetensors_find(init, "layers.0.mlp.up_proj.weight") : NULL;
+    if (ffn == 0 && up && up->ndim == 2 && up->shape[0] > 0 && up->shape[0] <= (1 << 20))
+        ffn = (int)up->shape[0]; /* the MLP of the head continued */
     st = eagle_trainer_new(r->m, ffn, o->micro_batch_size * o->seq_length, &o->opt, o->seed, map, n_map, &r->e);
     free(map);
-    if (st == STATUS_OK && o->eagle_init) st = eagle_trainer_load(r->e, o->eagle_init);
+    if (st == STATUS_OK && init) st = eagle_trainer_load(r->e, init, o->eagle_init);
+    safetensors_close(init);
     if (st != STATUS_OK) return st;
     eagle_trainer_set_feature_loss(r->e, o->eagle_feature_loss);
     if (n_map > 0)

@@ -71,10 +71,12 @@ double eagle_trainer_step(struct eagle_trainer *e, double lr);
  * and "fc_emb", "fc_feat", "fc_bias"; and their gradients, row for row. */
 const struct param_table *eagle_trainer_params(const struct eagle_trainer *e);
 
-/* Replaces the head's weights with those of an EAGLE-1 head file of the same shapes (as
- * eagle_trainer_save writes them, or tools/eagle_probe.py export): a head continued on more
- * data (--eagle-init). STATUS_INVALID_ARGUMENT naming a missing or mis-shaped tensor. */
-enum status eagle_trainer_load(struct eagle_trainer *e, const char *path);
+/* Replaces the head's weights with those of an open EAGLE-1 head file (path: for messages) of
+ * the same shapes (as eagle_trainer_save writes them, or tools/eagle_probe.py export): a head
+ * continued on more data (--eagle-init). STATUS_INVALID_ARGUMENT naming a missing or mis-shaped
+ * tensor. */
+struct safetensors;
+enum status eagle_trainer_load(struct eagle_trainer *e, const struct safetensors *sf, const char *path);
 
 /* Writes the head: EAGLE's tensor names (fc.weight (d, 2d) = [W_e | W_f], fc.bias,
  * layers.0.self_attn.*, layers.0.post_attention_layernorm.weight, layers.0.mlp.*), f32, with
