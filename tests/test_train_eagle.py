@@ -332,6 +332,8 @@ def refusals_check(shardlm, golden, tmp):
         (["--eagle-head", "--lora-rank", "4", "--out", os.path.join(tmp, "r2")], "--lora-rank"),
         (["--eagle-head", "--bf16", "--out", os.path.join(tmp, "r3")], "--bf16"),
         (["--eagle-head", "--save-interval", "5", "--out", os.path.join(tmp, "r5")], "--save-interval"),
+        (["--eagle-head", "--keep-checkpoints", "2", "--out", os.path.join(tmp, "r8")],
+         "--keep-checkpoints does not apply to --eagle-head"),
         (["--eagle-init", data, "--out", os.path.join(tmp, "r6")], "--eagle-init applies to --eagle-head"),
         (["--eagle-head", "--eagle-init", os.path.join(tmp, "gemma3_eagle.safetensors"), "--out",
           os.path.join(tmp, "r7")], "tensor fc.weight is F32 of 2 dimensions (48 x 96); the head needs float (64 x 128)"),
