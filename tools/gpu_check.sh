@@ -3,7 +3,8 @@
 # .gpu/bundle.tar.xz made by tools/gpu_bundle.sh on the build machine (carried there). Writes
 # its logs and figures under $OUT (default ./gpu-out), at most 8 files:
 #   summary.txt   the machine, the bundle's commit, one line per step with its result
-#   tests.log     ctest -L gpu (every gpu-labelled test; fixtures made on the build machine)
+#   tests.log     ctest -L gpu (every gpu-labelled test; fixtures made on the build machine) and
+#                 tools/gpu_paths.sh (speculative decoding, LoRA/EAGLE training, HTTP on CUDA)
 #   sanitizer.log compute-sanitizer memcheck / racecheck on the op tests
 #   bench.log     bench_cuda (copy bandwidth, decode attention, matmul), bench_engine on CUDA
 #                 (stories260K, and a random Llama-3.2-1B-shape model) and transformers on the
@@ -93,6 +94,10 @@ run_tests() {
     ctest -L gpu -FS 'golden|gguf' ${GPU_CHECK_CTEST_REGEX:+-R "$GPU_CHECK_CTEST_REGEX"} -j "${GPU_CHECK_JOBS:-4}" \
     --output-on-failure --timeout 240)
   grep -E '^ *[0-9]+/[0-9]+ Test|tests passed|tests failed|Failed|\*\*\*' "$log" | tail -40 >> "$summary"
+  # The paths no gpu test covers: speculative decoding, LoRA and EAGLE-head training, HTTP on CUDA.
+  step "gpu_paths (speculative, LoRA/EAGLE training, HTTP) on cuda" 150 "$log" bash tools/gpu_paths.sh \
+    "$B/build/cli/shardlm" "$B/build/golden/stories260K" "$B/assets/datasets/tinyshakespeare.txt" /tmp/gpu-paths cuda
+  grep -E '^(PASS|FAIL): ' "$log" >> "$summary"
   local slog=$OUT/sanitizer.log
   export SHARDLM_SYNC_CHECK=1
   step "memcheck test_ops (attention)" 90 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
