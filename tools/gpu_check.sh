@@ -2,6 +2,7 @@
 # tools/gpu_check.sh tests|bench|all - run on the lent GPU machine, in the repository root, with
 # .gpu/bundle.tar.xz made by tools/gpu_bundle.sh on the build machine (carried there). Writes
 # its logs and figures under $OUT (default ./gpu-out), at most 8 files:
+#   paths.log     the output of every command of tools/gpu_paths.sh
 #   summary.txt   the machine, the bundle's commit, one line per step with its result
 #   tests.log     ctest -L gpu (every gpu-labelled test; fixtures made on the build machine) and
 #                 tools/gpu_paths.sh (speculative decoding, LoRA/EAGLE training, HTTP on CUDA)
@@ -95,7 +96,7 @@ run_tests() {
     --output-on-failure --timeout 240)
   grep -E '^ *[0-9]+/[0-9]+ Test|tests passed|tests failed|Failed|\*\*\*' "$log" | tail -40 >> "$summary"
   # The paths no gpu test covers: speculative decoding, LoRA and EAGLE-head training, HTTP on CUDA.
-  step "gpu_paths (speculative, LoRA/EAGLE training, HTTP) on cuda" 150 "$log" bash tools/gpu_paths.sh \
+  step "gpu_paths (speculative, LoRA/EAGLE training, HTTP) on cuda" 150 "$log" env GPU_PATHS_LOG="$OUT/paths.log" bash tools/gpu_paths.sh \
     "$B/build/cli/shardlm" "$B/build/golden/stories260K" "$B/assets/datasets/tinyshakespeare.txt" /tmp/gpu-paths cuda
   grep -E '^(PASS|FAIL): ' "$log" >> "$summary"
   local slog=$OUT/sanitizer.log

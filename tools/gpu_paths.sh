@@ -23,7 +23,7 @@ first_loss() { # the first "loss" of a metrics.jsonl
   python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     r = json.loads(l)
-    if "loss" in r: print("%.6f" % r["loss"]); break' "$1" 2> /dev/null
+    if "loss" in r: print("%.9f" % r["loss"]); break' "$1" 2> /dev/null
 }
 
 gen plain
@@ -71,16 +71,16 @@ python3 - "$port" << 'EOF'
 import json, sys, time, urllib.request
 port = int(sys.argv[1])
 base = "http://127.0.0.1:%d" % port
-for _ in range(300):
-    try:
-        urllib.request.urlopen(base + "/v1/models", timeout=2).read()
-        break
-    except Exception:
-        time.sleep(0.2)
 def post(body):
     req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     return urllib.request.urlopen(req, timeout=60).read().decode()
+for _ in range(300):  # up (503 while the model loads): one token answered
+    try:
+        post({"prompt": "Once", "max_tokens": 1})
+        break
+    except Exception:
+        time.sleep(0.2)
 fails = 0
 def check(ok, msg):
     global fails
@@ -107,5 +107,7 @@ rc=$?
 kill -TERM $pid 2> /dev/null
 wait $pid 2> /dev/null
 [ $rc = 0 ] || { fails=$((fails + 1)); tail -5 "$W/serve.log"; }
+# Every command's output, for the record (GPU_PATHS_LOG: a file under gpu_check.sh's $OUT).
+[ -n "${GPU_PATHS_LOG:-}" ] && for f in "$W"/*.log "$W"/*.err; do echo "==== $f"; tail -c 6000 "$f"; done > "$GPU_PATHS_LOG"
 echo "gpu_paths: $fails failed"
 [ $fails = 0 ]

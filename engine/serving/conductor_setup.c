@@ -148,6 +148,13 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     const char *dev_sampling = getenv("SHARDLM_DEVICE_SAMPLING");
     c->device_greedy = dev_sampling && *dev_sampling ? strcmp(dev_sampling, "0") != 0 : c->b->device == DEVICE_CUDA;
     if (c->par.layout.pp_size > 1) c->device_greedy = 0; /* the logits travel to rank 0 (run_forward) */
+    /* Speculation asked for (prompt lookup here, a draft below): verifying drafts needs the host's
+     * rows, so the device-greedy path, which never drafts, is off (else --speculative ngram on CUDA
+     * would silently do nothing: the 2026-12-04 GPU run). */
+    if (o->spec_draft > 0 && c->device_greedy) {
+        c->device_greedy = 0;
+        LOG_INFO(MODULE, "speculative decoding on: greedy tokens are picked on the host, not the device");
+    }
     const size_t V = (size_t)cfg->vocab_size;
     c->logits = malloc((size_t)c->max_logits * V * sizeof *c->logits);
     c->scratch = malloc(2 * V * sizeof *c->scratch);

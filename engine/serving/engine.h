@@ -76,7 +76,7 @@ struct engine_options {
      * followed the latest earlier occurrence of its last spec_ngram (down to 2) tokens, and the
      * step verifies them by sampling the target's own tokens from their rows; the output's
      * distribution (and a seeded sample's tokens) do not change. 0 = off. Requests with
-     * speculative "off" and the device-greedy path never draft; constrained ones do (their
+     * speculative "off" never draft (spec_draft > 0 turns the device-greedy path off); constrained ones do (their
      * grammar matcher advances only by the tokens taken). */
     int   spec_draft;
     int   spec_ngram;          /* 0 = 3 */

@@ -4,7 +4,8 @@
 the serving engine. Greedy stdout (prompt and completion) must equal plain `generate`'s, whose
 one-sequence loop (engine/serving/generate.c) does not speculate, for several prompts: with
 stories260K itself as draft (every draft accepted), with stories260K cut to 2 layers (mostly
-rejected), with prompt lookup, with prompt lookup first and the 2-layer draft, and under mpirun at tp 2 and pp 2 with the 2-layer draft. The
+rejected), with prompt lookup, with prompt lookup first and the 2-layer draft, with prompt lookup where greedy tokens would be picked on the
+device (SHARDLM_DEVICE_SAMPLING=1: that path is turned off, it never drafts), and under mpirun at tp 2 and pp 2 with the 2-layer draft. The
 counts on stderr must show drafts verified (and for the 2-layer draft some rejected). Refusals:
 --speculative draft without --draft-model and --draft-model with --speculative ngram are usage
 errors (exit 2) naming the flags; a draft of another vocabulary fails naming both sizes; serve
@@ -32,9 +33,10 @@ PROMPTS = ["Once upon a time", "Tom had a red ball. Tom had a red", "The little 
 MPI = ["mpirun", "--oversubscribe", "-n", "2"]
 
 
-def gen(a, prompt, *extra, launcher=()):
+def gen(a, prompt, *extra, launcher=(), env=None):
     p = subprocess.run([*launcher, a.shardlm, "generate", "--model", a.model, "--prompt", prompt, "--max-tokens", "120",
-                        "--threads", "1", *extra], capture_output=True, text=True, timeout=60)
+                        "--threads", "1", *extra], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, **env} if env else None)
     m = re.search(r"(\d+) drafts verified, (\d+) accepted", p.stderr)
     return p.returncode, p.stdout, (int(m.group(1)), int(m.group(2))) if m else None, p.stderr
 
@@ -77,6 +79,11 @@ def main():
                 ok = counts[1] == counts[0]
             check(ok, f"{name}, {prompt!r}: stdout equal to plain generate ({out == base}), drafts verified / "
                   f"accepted {counts} (rc {rc}{': ' + err.strip()[-200:] if rc else ''})")
+    # Greedy tokens picked on the device (CUDA's default, forced here on the CPU): asking for prompt lookup
+    # turns that path off, which never drafts (on the 2026-12-04 GPU run it silently did nothing).
+    rc, out, counts, err = gen(a, PROMPTS[1], "--speculative", "ngram", env={"SHARDLM_DEVICE_SAMPLING": "1"})
+    check(rc == 0 and out == gen(a, PROMPTS[1])[1] and counts is not None and counts[0] > 0,
+          f"prompt lookup under SHARDLM_DEVICE_SAMPLING=1: drafts verified / accepted {counts}, stdout equal to plain")
     counts = gen(a, PROMPTS[0], "--draft-model", str(small))[2]  # serve's spelling: --draft-model alone
     n = counts[0] - counts[1] if counts else 0
     check(n > 0, f"the 2-layer draft: {n} drafts rejected for {PROMPTS[0]!r} (rejection exercised)")
