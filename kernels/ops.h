@@ -586,6 +586,14 @@ void op_attention_train(struct backend *b, const struct tensor *out, const struc
                         const struct tensor *q, const struct tensor *k, const struct tensor *v,
                         const struct attention_train_batch *batch);
 
+/* On CUDA, bf16 and f16 at head_dim 32, 64, 96 or 128 may run on tensor cores
+ * (kernels/cuda/attention_train_tc.cu), which round the probabilities (and, in the backward,
+ * dS) to the inputs' dtype before their second product, as FlashAttention does: an error of
+ * that dtype's unit roundoff times sum_j P_ij |v_j| (and the like for the gradients) beyond the
+ * f32 arithmetic described here. SHARDLM_CUDA_TRAIN_ATTENTION=tc or simple picks the form;
+ * unset or "auto", this default (1: tensor cores where they fit). */
+#define CUDA_TRAIN_ATTENTION_TC_DEFAULT 0
+
 /* The gradients of op_attention_train: given dout = dL/dout (n, n_heads, head_dim) and the
  * forward's q, k, v, out and lse (the same batch), writes dq = dL/dq (shape of q) and dk, dv =
  * dL/dk, dL/dv (shape of k): each element is overwritten, not accumulated into. For

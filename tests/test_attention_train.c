@@ -44,6 +44,10 @@
  * test_ops.c, mag(lse) = 4 (4 + 2 sqrt(c) + 2 sqrt(D) scale max_j sum|q k| + |max s| + |lse|).
  * Backward: mag(dv_j) = 2 sum_i P_ij |dout_i| (E_ij + 2 sqrt(c) + 2), mag(dq_i) = 2 scale
  * sum_j |k_j| (err(dS_ij) + (2 sqrt(c) + 2) |dS_ij|), and mag(dk_j) likewise with |q_i|.
+ * Where CUDA's tensor-core form runs (ops.h; SHARDLM_CUDA_TRAIN_ATTENTION), P and dS are
+ * rounded to the 16-bit dtype u before their second product: mag(out) gains 2 (u / U32)
+ * sum_j P_j |v_j|, mag(dv_j) 2 (u / U32) sum_i P_ij |dout_i|, mag(dq_i) and mag(dk_j)
+ * 2 (u / U32) scale sum |dS_ij| |k_j| (|q_i|).
  * A CUDA result must also be within twice the bound of the CPU result (each may sit on either
  * side of the reference); the paged forward within twice the bound of the training forward.
  * Finite differences: h = 1e-5, whose truncation and rounding errors (about 1e-9 here) sit far
@@ -89,7 +93,20 @@ struct problem {
     double  *q, *dout;  /* (n, H, D) */
     double  *k, *v;     /* (n, Hk, D) */
     double  *sinks;     /* (H): attention sinks (GPT-OSS), exact f32 values; NULL: none */
+    double   u_tc;      /* CUDA's tensor-core form runs (ops.h): the unit roundoff of the
+                           probabilities and dS it rounds, in units of U32; 0 otherwise */
 };
+
+/* p->u_tc for a case of dtype dt on the suite's backends: the CUDA backend takes the tensor-core
+ * form for bf16 and f16 at head_dim 32, 64, 96 and 128 where SHARDLM_CUDA_TRAIN_ATTENTION (or
+ * its default) says so. The bound it adds applies to the CPU results of that run as well. */
+static double tc_roundoff(const struct suite *s, enum dtype dt, int head_dim)
+{
+    const char *e = getenv("SHARDLM_CUDA_TRAIN_ATTENTION");
+    const int tc = e && *e && strcmp(e, "auto") ? !strcmp(e, "tc") : CUDA_TRAIN_ATTENTION_TC_DEFAULT;
+    const int cuda = s->n_backends > 1, fits = head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128;
+    return tc && cuda && fits && dt != DTYPE_F32 ? storage_rounding[dt].u / U32 : 0.0;
+}
 
 /* The first key that row i attends to, and one past the last row that attends to key j. */
 static int ref_lo(const struct problem *p, int i)
@@ -159,7 +176,7 @@ static void ref_forward(const struct problem *p, double *out, double *lse, doubl
                     o_abs += prob[j - lo] * fabs(vv);
                 }
                 out[qi(p, i, h) + d] = o;
-                mag_out[qi(p, i, h) + d] = 4.0 * o_abs * factor;
+                mag_out[qi(p, i, h) + d] = 4.0 * o_abs * factor + 2.0 * p->u_tc * o_abs;
             }
             lse[(size_t)i * p->H + h] = l;
             mag_lse[(size_t)i * p->H + h] = 4.0 * (factor + fabs(m) + fabs(l));
@@ -257,11 +274,11 @@ static void ref_backward(const struct problem *p, double u_out, double *dq, doub
                 const double sum_q = 2.0 * sqrt((double)c) + 2.0, sum_k = 2.0 * sqrt((double)ck) + 2.0;
                 for (int d = 0; d < p->D; d++) {
                     dq[qi(p, i, h) + d] += p->scale * dS * kv[d];
-                    mag_dq[qi(p, i, h) + d] += 2.0 * p->scale * fabs(kv[d]) * (e_ds + sum_q * fabs(dS));
+                    mag_dq[qi(p, i, h) + d] += 2.0 * p->scale * fabs(kv[d]) * (e_ds + (sum_q + p->u_tc) * fabs(dS));
                     dk[ki(p, j, kvh) + d] += p->scale * dS * qv[d];
-                    mag_dk[ki(p, j, kvh) + d] += 2.0 * p->scale * fabs(qv[d]) * (e_ds + sum_k * fabs(dS));
+                    mag_dk[ki(p, j, kvh) + d] += 2.0 * p->scale * fabs(qv[d]) * (e_ds + (sum_k + p->u_tc) * fabs(dS));
                     dv[ki(p, j, kvh) + d] += P * dov[d];
-                    mag_dv[ki(p, j, kvh) + d] += 2.0 * P * fabs(dov[d]) * (E + sum_k);
+                    mag_dv[ki(p, j, kvh) + d] += 2.0 * P * fabs(dov[d]) * (E + sum_k + p->u_tc);
                 }
             }
         }
@@ -538,6 +555,7 @@ static void case_train(struct suite *s, enum dtype dt, const struct train_spec *
     struct problem p = make_problem(s, sp, dt, &r, &q_bits, &k_bits, &v_bits, &dout_bits);
     const size_t nq = (size_t)p.n * p.H * p.D, nk = (size_t)p.n * p.Hk * p.D, nl = (size_t)p.n * p.H;
     struct verdict v = {.worst_ratio = -1.0};
+    p.u_tc = tc_roundoff(s, dt, p.D);
 
     /* Forward. */
     double *want_out = case_alloc(s, nq, sizeof(double)), *mag_out = case_alloc(s, nq, sizeof(double));

@@ -1089,6 +1089,8 @@ static void run_all(struct suite *s)
         {1, 17, 9},   {1, 40, 31},   {1, 95, 13},  {1, 240, 40},
         /* CUDA's own decode product (16-bit, m <= 8, k a multiple of 8): each row count */
         {8, 64, 24},  {4, 2048, 40}, {5, 8, 3},    {1, 8, 1},    {6, 136, 9},  {3, 1024, 300},
+        /* ... with 2 and 4 warps per feature and a last thread block short of features */
+        {2, 512, 77}, {7, 1024, 301},
     };
     for (int di = 0; di < 3; di++)
         for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++)

@@ -11,8 +11,10 @@
 #                 (stories260K, and a random Llama-3.2-1B-shape model) and transformers on the
 #                 same model (tools/bench_hf_gpu.py), bench_train in bf16 on it (MFU)
 #   ncu.csv       Nsight Compute's time of each kernel of about two decode steps at batch 1
-#   ncu_train.csv the same for a bf16 training step (tools/ncu_summary.py groups both in bench.log)
-# GPU_CHECK_CTEST_REGEX limits the tests to those names (ctest -R).
+#   ncu_train.csv the same for a bf16 training step, attention on tensor cores (tools/ncu_summary.py
+#                 groups both in bench.log)
+# GPU_CHECK_CTEST_REGEX limits the tests to those names (ctest -R); GPU_CHECK_SKIP (a bash
+# regex) skips the steps whose names match it.
 # Each step has its own time limit (GPU_CHECK_BUDGET_S, default 540 s in all, spread over the
 # steps); a step past its limit is killed and reported, and the others still run.
 # docs/cuda.md: how to run it with the device tool, what ran and what did not.
@@ -37,6 +39,7 @@ step() {
   l=$(left)
   [ "$limit" -gt "$l" ] && limit=$l
   if [ "$limit" -lt 10 ]; then say "SKIP $name: the budget is spent"; return 0; fi
+  if [ -n "${GPU_CHECK_SKIP:-}" ] && [[ $name =~ $GPU_CHECK_SKIP ]]; then say "SKIP $name: GPU_CHECK_SKIP"; return 0; fi
   echo "==== $name (limit ${limit}s): $*" >> "$log"
   local t0 rc
   t0=$(date +%s)
@@ -95,6 +98,18 @@ run_tests() {
     ctest -L gpu -FS 'golden|gguf' ${GPU_CHECK_CTEST_REGEX:+-R "$GPU_CHECK_CTEST_REGEX"} -j "${GPU_CHECK_JOBS:-4}" \
     --output-on-failure --timeout 240)
   grep -E '^ *[0-9]+/[0-9]+ Test|tests passed|tests failed|Failed|\*\*\*' "$log" | tail -40 >> "$summary"
+  # Training attention on tensor cores (attention_train_tc.cu), forced where it is not the default,
+  # and the tests that train on CUDA with it.
+  step "test_attention_train, tensor cores" 90 "$log" env SHARDLM_CUDA_TRAIN_ATTENTION=tc \
+    "$B/build/tests/test_attention_train" --backend cuda
+  (cd "$B/build" && step "ctest train_grad_cuda train_parallel_cuda, tensor-core attention" 200 "$log" \
+    env SHARDLM_CUDA_TRAIN_ATTENTION=tc ctest -R '^(train_grad_cuda|train_parallel_cuda)$' --output-on-failure --timeout 190)
+  # The gemv kernel with each count of warps per output feature.
+  local sp
+  for sp in 1 2 8; do
+    step "test_ops matmul, gemv split $sp" 30 "$log" env SHARDLM_CUDA_GEMV_SPLIT=$sp \
+      "$B/build/tests/test_ops" --backend cuda --filter matmul
+  done
   # The paths no gpu test covers: speculative decoding, LoRA and EAGLE-head training, HTTP on CUDA.
   step "gpu_paths (speculative, LoRA/EAGLE training, HTTP) on cuda" 150 "$log" env GPU_PATHS_LOG="$OUT/paths.log" bash tools/gpu_paths.sh \
     "$B/build/cli/shardlm" "$B/build/golden/stories260K" "$B/assets/datasets/tinyshakespeare.txt" /tmp/gpu-paths cuda
@@ -114,6 +129,11 @@ run_tests() {
     step "memcheck test_ops ($f)" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$B/build/tests/test_ops" --backend cuda --filter "$f"
   done
+  step "memcheck test_attention_train tc (packed, long)" 90 "$slog" env SHARDLM_CUDA_TRAIN_ATTENTION=tc \
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$B/build/tests/test_attention_train" --backend cuda --filter bf16
+  step "racecheck test_attention_train tc (packed gqa4)" 90 "$slog" env SHARDLM_CUDA_TRAIN_ATTENTION=tc \
+    compute-sanitizer --tool racecheck --error-exitcode 9 "$B/build/tests/test_attention_train" --backend cuda \
+    --filter "bf16 packed gqa4"
   step "racecheck test_ops (rmsnorm)" 60 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$B/build/tests/test_ops" --backend cuda --filter rmsnorm
   step "racecheck test_ops (attention)" 90 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
@@ -135,6 +155,8 @@ run_bench() {
     step "bench_cuda split waves $1 chunk $2" 30 "$log" env SHARDLM_CUDA_SPLIT_WAVES="$1" \
       SHARDLM_CUDA_SPLIT_MIN_CHUNK="$2" "$B/build/tests/bench_cuda" --filter "decode split"
   done
+  echo "the gemv kernel with one warp per output feature (SHARDLM_CUDA_GEMV_SPLIT=1):" >> "$log"
+  step "bench_cuda gemv split 1" 30 "$log" env SHARDLM_CUDA_GEMV_SPLIT=1 "$B/build/tests/bench_cuda" --filter gemv
   local bw # the device-to-device copy's bytes read + written per second: the memory's throughput
   bw=$(sed -n 's/^copy d2d.* \([0-9.]*\) GB\/s read+written.*/\1/p' "$log" | head -1)
   step "bench_engine stories260K cuda" 60 "$log" "$B/build/tests/bench_engine" --device cuda \
@@ -163,19 +185,23 @@ run_bench() {
     fi
     # Training in bf16 on the same shape (forward + backward): MFU against the datasheet's peak and
     # the bf16 product measured in the same run.
-    step "bench_train llama1b cuda bf16" 120 "$log" "$B/build/tests/bench_train" --device cuda --bf16 --model "$m" \
-      --seq 1024 --micro "${GPU_CHECK_TRAIN_MICRO:-4}" --steps 3
+    local mode
+    for mode in simple tc; do # training attention on CUDA cores, then on tensor cores
+      echo "training attention: SHARDLM_CUDA_TRAIN_ATTENTION=$mode" >> "$log"
+      step "bench_train llama1b cuda bf16, attention $mode" 120 "$log" env SHARDLM_CUDA_TRAIN_ATTENTION=$mode \
+        "$B/build/tests/bench_train" --device cuda --bf16 --model "$m" --seq 1024 --micro "${GPU_CHECK_TRAIN_MICRO:-4}" --steps 3
+    done
     if [ -n "$ncu" ]; then
       [ -f "$OUT/ncu.csv" ] && "$py" tools/ncu_summary.py "$OUT/ncu.csv" --step-marker argmax_kernel >> "$log" 2>&1
       # The kernels of one bf16 training step (the warm-up step alone: --steps 0), grouped by name.
-      step "ncu training kernels llama1b bf16" 150 "$log" "$ncu" --metrics gpu__time_duration.sum \
+      step "ncu training kernels llama1b bf16" 150 "$log" env SHARDLM_CUDA_TRAIN_ATTENTION=tc "$ncu" --metrics gpu__time_duration.sum \
         --launch-count "${GPU_CHECK_NCU_TRAIN_COUNT:-4000}" --csv --log-file "$OUT/ncu_train.csv" \
         "$B/build/tests/bench_train" --device cuda --bf16 --model "$m" --seq 1024 --micro 1 --steps 0
       [ -f "$OUT/ncu_train.csv" ] && "$py" tools/ncu_summary.py "$OUT/ncu_train.csv" >> "$log" 2>&1
     fi
     step "transformers llama1b" "${GPU_CHECK_HF_S:-200}" "$log" env PYTHONUNBUFFERED=1 "$py" tools/bench_hf_gpu.py --model "$m"
   fi
-  grep -E '^(bench_cuda|copy|attention|matmul|RESULT|weight-read|model |split policy|[0-9]+ kernels)|^  (step|MFU|the backend)' "$log" | head -90 >> "$summary"
+  grep -E '^(bench_cuda|copy|attention|matmul|RESULT|weight-read|model |split policy|training attention|the gemv|[0-9]+ kernels)|^  (step|MFU|the backend)' "$log" | head -120 >> "$summary"
 }
 
 case $mode in

@@ -24,11 +24,14 @@
  * (scale * q) . k, the expression the forward normalised, in the backward as well.
  * Keys a row does not attend to (another document, the future, outside the window) carry no
  * weight and are never multiplied in, whatever their values.
+ * bf16 and f16 at head_dim 32, 64, 96 and 128 take the tensor-core form instead where
+ * SHARDLM_CUDA_TRAIN_ATTENTION allows it (attention_train_tc.cu).
  * Not here: paged attention for serving (attention.cu).
  * Tests: tests/test_attention_train.c --backend cuda (against the double reference and the
  * CPU backend). */
 #include <limits.h>
 
+#include "attention_train.cuh"
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
@@ -43,41 +46,6 @@
 #define TRAIN_BKV (TRAIN_WARPS * TRAIN_KPW) /* keys per block (dk, dv) */
 #define TRAIN_QT 32                         /* query rows per tile (dk, dv): one per lane */
 #define FULL_MASK 0xffffffffu
-
-/* The document that holds row i: the last d < n_docs with doc_start[d] <= i. */
-__device__ __forceinline__ int train_doc_of_row(const int32_t *doc_start, int n_docs, int64_t i)
-{
-    int lo = 0, hi = n_docs - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (doc_start[mid] <= i) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
-/* The first row that row i attends to (the start of its document or of its window); the
- * DEVICE_CHECKs are the CPU reference's CHECKs on doc_start, which lives in device memory. */
-__device__ __forceinline__ int64_t train_first_key(const int32_t *doc_start, int n_docs, int64_t n,
-                                                   int64_t i, int window)
-{
-    DEVICE_CHECK(doc_start[0] == 0 && doc_start[n_docs] == n);
-    const int d = train_doc_of_row(doc_start, n_docs, i);
-    DEVICE_CHECK(doc_start[d] <= i && i < doc_start[d + 1]); /* fails when doc_start decreases */
-    const int64_t begin = doc_start[d];
-    return window > 0 && i - window + 1 > begin ? i - window + 1 : begin;
-}
-
-/* One past the last row that attends to key j: the end of its document or of its reach. */
-__device__ __forceinline__ int64_t train_key_end(const int32_t *doc_start, int n_docs, int64_t n,
-                                                 int64_t j, int window)
-{
-    DEVICE_CHECK(doc_start[0] == 0 && doc_start[n_docs] == n);
-    const int d = train_doc_of_row(doc_start, n_docs, j);
-    DEVICE_CHECK(doc_start[d] <= j && j < doc_start[d + 1]);
-    const int64_t end = doc_start[d + 1];
-    return window > 0 && j + window < end ? j + window : end;
-}
 
 /* Rows first .. first+count-1 (count <= rows) of head h of x (n, heads, hd) into dst (rows,
  * ld) as f32 times alpha; rows past count are zero. All threads of the block take part. */
@@ -386,6 +354,10 @@ void cuda_attention_train(struct backend *b, const struct tensor *out, const str
     const int64_t n = q->shape[0], n_heads = q->shape[1], hd = q->shape[2];
     if (n == 0 || n_heads == 0) return;
     check_shapes(q, k);
+    if (cuda_attention_train_tc_fits(s, q, k, v)) {
+        cuda_attention_train_tc(b, out, lse, q, k, v, batch);
+        return;
+    }
     const dim3 grid((unsigned)((n + TRAIN_BQ - 1) / TRAIN_BQ), (unsigned)n_heads);
     const size_t smem = forward_smem(hd);
     CUDA_DISPATCH_FLOAT(q->dtype, T,
@@ -410,6 +382,10 @@ void cuda_attention_train_backward(struct backend *b, const struct tensor *dq,
     const int64_t n = q->shape[0], n_heads = q->shape[1], hd = q->shape[2], n_kv = k->shape[1];
     if (n == 0 || n_heads == 0) return;
     check_shapes(q, k);
+    if (cuda_attention_train_tc_fits(s, q, k, v)) {
+        cuda_attention_train_tc_backward(b, dq, dk, dv, dout, out, lse, q, k, v, batch);
+        return;
+    }
     const dim3 grid_q((unsigned)((n + TRAIN_BQ - 1) / TRAIN_BQ), (unsigned)n_heads);
     const dim3 grid_kv((unsigned)((n + TRAIN_BKV - 1) / TRAIN_BKV), (unsigned)n_kv);
     const size_t smem_q = dq_smem(hd), smem_kv = dkdv_smem(hd);

@@ -191,6 +191,18 @@ static enum status cuda_attention_mode_from_env(enum cuda_attention_mode *mode)
     return STATUS_OK;
 }
 
+/* SHARDLM_CUDA_TRAIN_ATTENTION: auto (or unset), tc or simple (cuda_common.cuh). */
+static enum status cuda_train_attention_from_env(int *tc)
+{
+    const char *v = getenv("SHARDLM_CUDA_TRAIN_ATTENTION");
+    *tc = CUDA_TRAIN_ATTENTION_TC_DEFAULT;
+    if (!v || !*v || !strcmp(v, "auto")) return STATUS_OK;
+    if (!strcmp(v, "tc")) *tc = 1;
+    else if (!strcmp(v, "simple")) *tc = 0;
+    else return status_errorf(STATUS_INVALID_ARGUMENT, "SHARDLM_CUDA_TRAIN_ATTENTION=%s: expected auto, tc or simple", v);
+    return STATUS_OK;
+}
+
 /* An integer in [min, max] from the environment variable `name`, or `fallback` when it is
  * unset; anything else is refused. */
 static enum status cuda_int_from_env(const char *name, int fallback, int min, int max, int *out)
@@ -262,6 +274,11 @@ extern "C" enum status cuda_lib_backend_open(int device_id, struct backend **out
         st = cuda_int_from_env("SHARDLM_CUDA_SPLIT_MIN_CHUNK", CUDA_SPLIT_MIN_CHUNK_DEFAULT, 1, 1 << 16, &s->split_min_chunk);
     if (st == STATUS_OK)
         st = cuda_int_from_env("SHARDLM_CUDA_GEMV_ROWS", CUDA_GEMV_ROWS_DEFAULT, 0, CUDA_GEMV_MAX_ROWS, &s->gemv_rows);
+    if (st == STATUS_OK)
+        st = cuda_int_from_env("SHARDLM_CUDA_GEMV_SPLIT", CUDA_GEMV_SPLIT_DEFAULT, 0, 8, &s->gemv_split);
+    if (st == STATUS_OK) st = cuda_train_attention_from_env(&s->train_attention_tc);
+    if (st == STATUS_OK && s->gemv_split & (s->gemv_split - 1))
+        st = status_errorf(STATUS_INVALID_ARGUMENT, "SHARDLM_CUDA_GEMV_SPLIT must be 0, 1, 2, 4 or 8, got %d", s->gemv_split);
     if (st != STATUS_OK) goto fail;
     err = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
     if (err != cudaSuccess) {

@@ -54,6 +54,11 @@
  * SHARDLM_CUDA_GEMV_ROWS (0 .. CUDA_GEMV_MAX_ROWS; 0 = always cuBLAS) overrides the default. */
 #define CUDA_GEMV_MAX_ROWS 8
 #define CUDA_GEMV_ROWS_DEFAULT 8
+/* The gemv kernel's warps per output feature (1, 2, 4 or 8: each reads every split-th 16-byte
+ * vector of the feature's weights): 0 picks the fewest that give every SM 32 warps of work
+ * (n x split >= 32 SMs), so that a product of few features (k and v at 512) still keeps enough
+ * loads in flight. SHARDLM_CUDA_GEMV_SPLIT overrides it (1 = one warp per feature). */
+#define CUDA_GEMV_SPLIT_DEFAULT 0
 
 enum cuda_attention_mode {
     CUDA_ATTENTION_AUTO,
@@ -71,7 +76,9 @@ struct cuda_state {
      * per SM, chunks of at least split_min_chunk positions. SHARDLM_CUDA_SPLIT_WAVES and
      * SHARDLM_CUDA_SPLIT_MIN_CHUNK override the defaults (for tuning; bench_cuda). */
     int            split_waves, split_min_chunk;
-    int            gemv_rows; /* see CUDA_GEMV_ROWS_DEFAULT */
+    int            gemv_rows;  /* see CUDA_GEMV_ROWS_DEFAULT */
+    int            gemv_split; /* see CUDA_GEMV_SPLIT_DEFAULT */
+    int            train_attention_tc; /* see CUDA_TRAIN_ATTENTION_TC_DEFAULT (ops.h) */
     cudaStream_t   stream;
     cublasHandle_t cublas; /* bound to stream; created, used and destroyed only by matmul.cu */
     void          *scratch;       /* device memory for ops' temporaries (cuda_scratch) */

@@ -66,59 +66,94 @@ static __global__ void matmul_bias_add_kernel(T *y, const float *acc, const T *b
 }
 
 /* ---- decode products: y (m <= CUDA_GEMV_MAX_ROWS, n) = x (m, k) w (n, k)^T (+ bias) --------
- * One warp per output feature j (a row of w): each lane reads w's row in 16-byte vectors
- * (lane, lane + 32, ...), multiplies them with the same vectors of the M rows of x (small:
- * served from the caches) into M f32 sums, which a fixed shuffle tree adds; lane 0 adds the
- * bias in f32 and rounds once on store, as matmul_bias_add_kernel does. Rows of x never mix, so
- * a row's result does not depend on M. k a multiple of the vector, x and w 16-byte aligned. */
-#define GEMV_WARPS 8 /* output features per thread block */
+ * `split` warps per output feature j (a row of w; GEMV_WARPS / split features per thread
+ * block): lane l of the feature's warp s reads w's row in 16-byte vectors s * 32 + l,
+ * s * 32 + l + 32 * split, ..., multiplies them with the same vectors of the M rows of x (small:
+ * served from the caches) into M f32 sums, which a fixed shuffle tree adds per warp, and the
+ * split warps' sums are added in warp order through shared memory; lane 0 of the feature's first
+ * warp adds the bias in f32 and rounds once on store, as matmul_bias_add_kernel does. Rows of x
+ * never mix, so a row's result does not depend on M (split depends on n and the device only).
+ * k a multiple of the vector, x and w 16-byte aligned. */
+#define GEMV_WARPS 8 /* warps per thread block */
 
 template <typename T, int M>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS)
-gemv_kernel(T *y, const T *x, const T *w, const T *bias, int64_t n, int64_t k)
+gemv_kernel(T *y, const T *x, const T *w, const T *bias, int64_t n, int64_t k, int split)
 {
     constexpr int N = cuda_vec<T>::N;
-    const int lane = threadIdx.x & 31;
+    __shared__ float part[GEMV_WARPS][M];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int per_block = GEMV_WARPS / split, sub = warp % split;
     const int64_t nv = k / N;
-    for (int64_t j = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); j < n;
-         j += (int64_t)gridDim.x * GEMV_WARPS) {
-        const uint4 *wr = reinterpret_cast<const uint4 *>(w + j * k);
+    /* j0 is the same for the whole block, so every thread reaches the __syncthreads below. */
+    for (int64_t j0 = (int64_t)blockIdx.x * per_block; j0 < n; j0 += (int64_t)gridDim.x * per_block) {
+        const int64_t j = j0 + warp / split;
         float acc[M];
 #pragma unroll
         for (int i = 0; i < M; i++) acc[i] = 0.0f;
+        if (j < n) {
+            const uint4 *wr = reinterpret_cast<const uint4 *>(w + j * k);
 #pragma unroll 4
-        for (int64_t p = lane; p < nv; p += 32) {
-            float wf[N];
-            cuda_vec<T>::widen(__ldg(wr + p), wf);
+            for (int64_t p = sub * 32 + lane; p < nv; p += 32 * split) {
+                float wf[N];
+                cuda_vec<T>::widen(__ldg(wr + p), wf);
 #pragma unroll
-            for (int i = 0; i < M; i++) {
-                float xf[N];
-                cuda_vec<T>::widen(__ldg(reinterpret_cast<const uint4 *>(x + i * k) + p), xf);
+                for (int i = 0; i < M; i++) {
+                    float xf[N];
+                    cuda_vec<T>::widen(__ldg(reinterpret_cast<const uint4 *>(x + i * k) + p), xf);
 #pragma unroll
-                for (int q = 0; q < N; q++) acc[i] = fmaf(xf[q], wf[q], acc[i]);
+                    for (int q = 0; q < N; q++) acc[i] = fmaf(xf[q], wf[q], acc[i]);
+                }
             }
         }
 #pragma unroll
-        for (int i = 0; i < M; i++) {
-            float v = cuda_warp_sum(acc[i]);
-            if (lane == 0) {
+        for (int i = 0; i < M; i++) acc[i] = cuda_warp_sum(acc[i]);
+        if (split > 1) {
+            if (lane == 0)
+#pragma unroll
+                for (int i = 0; i < M; i++) part[warp][i] = acc[i];
+            __syncthreads();
+            if (sub == 0 && lane == 0)
+#pragma unroll
+                for (int i = 0; i < M; i++) {
+                    float v = part[warp][i];
+                    for (int t = 1; t < split; t++) v += part[warp + t][i];
+                    acc[i] = v;
+                }
+            __syncthreads(); /* part is read before the next feature writes it */
+        }
+        if (j < n && sub == 0 && lane == 0)
+#pragma unroll
+            for (int i = 0; i < M; i++) {
+                float v = acc[i];
                 if (bias) v += cuda_load(bias + j);
                 cuda_store(y + i * n + j, v);
             }
-        }
     }
+}
+
+/* The warps per output feature: SHARDLM_CUDA_GEMV_SPLIT, else the fewest (a power of 2, at
+ * most GEMV_WARPS) that give the device 32 warps of work per SM, and no more than leave every
+ * lane a vector of k. */
+static int gemv_split_for(const struct cuda_state *s, int64_t n, int64_t k, int vec)
+{
+    if (s->gemv_split > 0) return s->gemv_split;
+    int split = 1;
+    while (split < GEMV_WARPS && n * split < (int64_t)s->n_sms * 32 && k / vec >= 64 * split) split *= 2;
+    return split;
 }
 
 template <typename T>
 static void gemv_launch(struct cuda_state *s, const struct tensor *y, const struct tensor *x,
                         const struct tensor *w, const struct tensor *bias, int64_t m, int64_t n, int64_t k)
 {
-    const unsigned blocks = cuda_blocks_for(n, GEMV_WARPS);
+    const int split = gemv_split_for(s, n, k, cuda_vec<T>::N);
+    const unsigned blocks = cuda_blocks_for(n, GEMV_WARPS / split);
     T *yp = (T *)y->data;
     const T *xp = (const T *)x->data, *wp = (const T *)w->data, *bp = bias ? (const T *)bias->data : NULL;
     switch (m) {
 #define GEMV_CASE(M)                                                                              \
-    case M: gemv_kernel<T, M><<<blocks, 32 * GEMV_WARPS, 0, s->stream>>>(yp, xp, wp, bp, n, k); break;
+    case M: gemv_kernel<T, M><<<blocks, 32 * GEMV_WARPS, 0, s->stream>>>(yp, xp, wp, bp, n, k, split); break;
         GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4) GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
 #undef GEMV_CASE
     default: CHECK(0, "gemv: %lld rows", (long long)m);
