@@ -184,8 +184,8 @@ void op_position_embedding_add(struct backend *b, const struct tensor *x,
     after_op(b);
 }
 
-void op_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
-               const struct tensor *w, const struct tensor *bias)
+static void check_matmul(struct backend *b, const struct tensor *y, const struct tensor *x, const struct tensor *w,
+                         const struct tensor *bias)
 {
     check_float(b, y, "matmul y");
     check_float(b, x, "matmul x");
@@ -201,7 +201,30 @@ void op_matmul(struct backend *b, const struct tensor *y, const struct tensor *x
         check_float(b, bias, "matmul bias");
         check_vector(bias, w->shape[0], x->dtype, "matmul bias");
     }
+}
+
+void op_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
+               const struct tensor *w, const struct tensor *bias)
+{
+    check_matmul(b, y, x, w, bias);
     b->ops->matmul(b, y, x, w, bias);
+    after_op(b);
+}
+
+void op_matmul_many(struct backend *b, int count, const struct tensor *const *y, const struct tensor *x,
+                    const struct tensor *const *w, const struct tensor *const *bias)
+{
+    CHECK(count >= 1 && count <= OP_MATMUL_MANY_MAX, "matmul_many: %d products (1 .. %d)", count, OP_MATMUL_MANY_MAX);
+    for (int i = 0; i < count; i++) {
+        check_matmul(b, y[i], x, w[i], bias[i]);
+        for (int j = 0; j < i; j++)
+            CHECK(!y[i]->data || y[i]->data != y[j]->data, "matmul_many: y[%d] aliases y[%d]", i, j);
+    }
+    if (b->ops->matmul_many) {
+        b->ops->matmul_many(b, count, y, x, w, bias);
+    } else {
+        for (int i = 0; i < count; i++) b->ops->matmul(b, y[i], x, w[i], bias[i]);
+    }
     after_op(b);
 }
 

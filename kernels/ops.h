@@ -183,6 +183,9 @@ struct backend_ops {
                                    const struct tensor *table, const struct tensor *positions);
     void (*matmul)(struct backend *b, const struct tensor *y, const struct tensor *x,
                    const struct tensor *w, const struct tensor *bias);
+    /* op_matmul_many; NULL: each product through matmul */
+    void (*matmul_many)(struct backend *b, int count, const struct tensor *const *y, const struct tensor *x,
+                        const struct tensor *const *w, const struct tensor *const *bias);
     void (*rmsnorm)(struct backend *b, const struct tensor *out, const struct tensor *x,
                     const struct tensor *weight, float eps);
     void (*layernorm)(struct backend *b, const struct tensor *out, const struct tensor *x,
@@ -421,6 +424,13 @@ void op_position_embedding_add_backward(struct backend *b, const struct tensor *
  * w, one row of x reads w in place where cpu_gemv_reads says so, else w is widened). */
 void op_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
                const struct tensor *w, const struct tensor *bias);
+/* count (1 .. OP_MATMUL_MANY_MAX) products of the same x: y[i] = x @ w[i]^T + bias[i] (bias[i]
+ * NULL: none), each exactly as op_matmul computes it; a backend may run them together (CUDA: one
+ * launch of its decode gemv for q, k and v, or gate and up, where each would take it). No y may
+ * alias x, a w or another y. */
+#define OP_MATMUL_MANY_MAX 4
+void op_matmul_many(struct backend *b, int count, const struct tensor *const *y, const struct tensor *x,
+                    const struct tensor *const *w, const struct tensor *const *bias);
 /* Backward of y = x @ w^T + bias, for dy (m, n):
  *   dx (m, k)  = dy @ w        (accumulate_dx: dx += dy @ w, for an input read by two products)
  *   dw (n, k) += dy^T @ x
@@ -591,8 +601,9 @@ void op_attention_train(struct backend *b, const struct tensor *out, const struc
  * dS) to the inputs' dtype before their second product, as FlashAttention does: an error of
  * that dtype's unit roundoff times sum_j P_ij |v_j| (and the like for the gradients) beyond the
  * f32 arithmetic described here. SHARDLM_CUDA_TRAIN_ATTENTION=tc or simple picks the form;
- * unset or "auto", this default (1: tensor cores where they fit). */
-#define CUDA_TRAIN_ATTENTION_TC_DEFAULT 0
+ * unset or "auto", this default (1: tensor cores where they fit; on an H200 on 2026-12-04 they
+ * took a bf16 training step of a Llama-3.2-1B shape from 0.519 s to 0.101 s, MFU 6 % to 31 %). */
+#define CUDA_TRAIN_ATTENTION_TC_DEFAULT 1
 
 /* The gradients of op_attention_train: given dout = dL/dout (n, n_heads, head_dim) and the
  * forward's q, k, v, out and lse (the same batch), writes dq = dL/dq (shape of q) and dk, dv =

@@ -523,6 +523,63 @@ static void case_matmul(struct suite *s, enum dtype dt, int m, int k, int n, int
     case_end(s, name, &v);
 }
 
+/* op_matmul_many: three products of one x (n = ns[0..2], the second without a bias) must give
+ * the reference's results and the very bits three op_matmul calls give on the same backend (on
+ * CUDA one gemv launch for all three, where each fits it, against three). */
+static void case_matmul_many(struct suite *s, enum dtype dt, int m, int k, const int ns[3])
+{
+    char name[128];
+    snprintf(name, sizeof name, "matmul_many %s m=%d k=%d n=%d,%d,%d", dtype_name(dt), m, k, ns[0], ns[1], ns[2]);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_uniform(s, dt, (size_t)m * k, &r, -1, 1);
+    struct hbuf w[3], bias[3];
+    double *want[3], *tol[3];
+    void *bits[3], *sep_bits[3];
+    for (int i = 0; i < 3; i++) {
+        const size_t no = (size_t)m * ns[i];
+        w[i] = hbuf_uniform(s, dt, (size_t)ns[i] * k, &r, -1, 1);
+        bias[i] = hbuf_uniform(s, dt, (size_t)ns[i], &r, -1, 1);
+        want[i] = case_alloc(s, no, sizeof(double));
+        tol[i] = case_alloc(s, no, sizeof(double));
+        double *mag = case_alloc(s, no, sizeof(double));
+        ref_matmul(m, k, ns[i], x.val, w[i].val, i == 1 ? NULL : bias[i].val, want[i], mag);
+        make_tol(tol[i], OP_MATMUL, dt, want[i], mag, no);
+        bits[i] = case_alloc(s, no, dtype_size(dt));
+        sep_bits[i] = case_alloc(s, no, dtype_size(dt));
+    }
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[3][2] = {{0}};
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = arena_in(&a, "x", dt, S2(m, k), x.bits);
+        struct tensor tw[3], tb[3], ty[3], tz[3];
+        const struct tensor *ys[3], *ws[3], *bs[3];
+        for (int i = 0; i < 3; i++) {
+            tw[i] = arena_in(&a, "w", dt, S2(ns[i], k), w[i].bits);
+            tb[i] = arena_in(&a, "bias", dt, S1(ns[i]), bias[i].bits);
+            ty[i] = arena_out(&a, "y", dt, S2(m, ns[i]), NULL, bits[i]);
+            tz[i] = arena_out(&a, "y (one op_matmul)", dt, S2(m, ns[i]), NULL, sep_bits[i]);
+            ys[i] = &ty[i];
+            ws[i] = &tw[i];
+            bs[i] = i == 1 ? NULL : &tb[i];
+        }
+        if (SUPPORTED(&v, b, matmul)) {
+            op_matmul_many(b, 3, ys, &tx, ws, bs);
+            for (int i = 0; i < 3; i++) op_matmul(b, &tz[i], &tx, &tw[i], bs[i]);
+        }
+        arena_finish(&a, &v);
+        for (int i = 0; i < 3; i++) {
+            got[i][bi] = decode(s, bits[i], dt, (size_t)m * ns[i]);
+            if (memcmp(bits[i], sep_bits[i], (size_t)m * ns[i] * dtype_size(dt)))
+                verdict_fail(&v, "%s: product %d differs from op_matmul's", b->ops->name, i);
+        }
+    }
+    for (int i = 0; i < 3; i++) check_close(s, &v, "y", got[i], want[i], tol[i], (size_t)m * ns[i], (size_t)ns[i]);
+    case_end(s, name, &v);
+}
+
 /* ---- norms ------------------------------------------------------------------------------- */
 
 /* amp scales the inputs: at amp 100, f16 inputs have squares far beyond f16's range, which only
@@ -1096,6 +1153,13 @@ static void run_all(struct suite *s)
         for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++)
             for (int bias = 0; bias <= 1; bias++)
                 case_matmul(s, float_dtypes[di], mm[i][0], mm[i][1], mm[i][2], bias);
+    /* q, k, v-like and gate, up-like groups: decode rows (CUDA's one launch), a row count past
+     * the gemv's (cuBLAS each), and k not a multiple of 8 (no gemv). */
+    static const int mm_many[][5] = {{1, 256, 64, 16, 16}, {4, 512, 96, 32, 32}, {2, 64, 300, 300, 8},
+                                     {8, 128, 40, 8, 24},  {9, 64, 32, 16, 16}, {1, 36, 16, 8, 8}};
+    for (int di = 0; di < 3; di++)
+        for (size_t i = 0; i < sizeof mm_many / sizeof mm_many[0]; i++)
+            case_matmul_many(s, float_dtypes[di], mm_many[i][0], mm_many[i][1], &mm_many[i][2]);
 
     static const int norm_shapes[][2] = {{1, 1},  {3, 17},   {17, 33},  {1, 4096}, {5, 67},
                                          {3, 768}, {0, 16}, {2, 8192}, {2, 2048}, {1, 8200}};

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/gpu_bundle.sh [BUILD_DIR] - packs, on the build machine (nvcc, no GPU), everything the
-# lent GPU machine lacks into .gpu/bundle.tar.xz (with the working tree under 62 MiB), for tools/gpu_check.sh there:
+# lent GPU machine lacks into .gpu/bundle.tar.xz (with the working tree under 63 MiB), for tools/gpu_check.sh there:
 #   b/build/...        the binaries the `gpu` tests and the GPU benchmarks run (same relative
 #                      paths as in BUILD_DIR), every CTestTestfile.cmake, the golden and GGUF
 #                      fixtures the gpu tests read (made here by their ctest fixtures)
@@ -103,5 +103,5 @@ echo "gpu_bundle: $out/bundle.tar.xz: $((size / 1048576)) MiB ($(du -sh "$B" | c
 # and .gpu together, 64 MiB at most: leave 2 MiB of room.
 tree=$(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2> /dev/null |
        awk '{ s += $1 } END { print s + 0 }')
-echo "gpu_bundle: with the working tree's $((tree / 1048576)) MiB: $(((size + tree) / 1048576)) MiB to carry (at most 62)"
-[ $((size + tree)) -lt $((62 * 1048576)) ] || { echo "gpu_bundle: over 62 MiB with the working tree" >&2; exit 1; }
+echo "gpu_bundle: with the working tree's $((tree / 1048576)) MiB: $(((size + tree) / 1048576)) MiB to carry (at most 63)"
+[ $((size + tree)) -lt $((63 * 1048576)) ] || { echo "gpu_bundle: over 63 MiB with the working tree (the device tool carries 64)" >&2; exit 1; }

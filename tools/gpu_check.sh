@@ -98,9 +98,9 @@ run_tests() {
     ctest -L gpu -FS 'golden|gguf' ${GPU_CHECK_CTEST_REGEX:+-R "$GPU_CHECK_CTEST_REGEX"} -j "${GPU_CHECK_JOBS:-4}" \
     --output-on-failure --timeout 240)
   grep -E '^ *[0-9]+/[0-9]+ Test|tests passed|tests failed|Failed|\*\*\*' "$log" | tail -40 >> "$summary"
-  # Training attention on tensor cores (attention_train_tc.cu), forced where it is not the default,
+  # Training attention on CUDA cores (the tensor-core form is the default: ctest above),
   # and the tests that train on CUDA with it.
-  step "test_attention_train, tensor cores" 90 "$log" env SHARDLM_CUDA_TRAIN_ATTENTION=tc \
+  step "test_attention_train, CUDA-core kernels" 90 "$log" env SHARDLM_CUDA_TRAIN_ATTENTION=simple \
     "$B/build/tests/test_attention_train" --backend cuda
   (cd "$B/build" && step "ctest train_grad_cuda train_parallel_cuda, tensor-core attention" 200 "$log" \
     env SHARDLM_CUDA_TRAIN_ATTENTION=tc ctest -R '^(train_grad_cuda|train_parallel_cuda)$' --output-on-failure --timeout 190)

@@ -87,9 +87,11 @@ enum status layer_attention_inner(struct model *m, int l, int64_t T, const struc
     struct tensor v3 = tensor_view3(&t->v, T, nkv, hd), att3 = tensor_view3(&t->att, T, nh, hd);
     struct tensor qp = tensor_view2(&t->q_pre, T, nh * hd), kp = tensor_view2(&t->k_pre, T, nkv * hd);
     struct tensor v = tensor_view2(&t->v, T, nkv * hd);
-    op_matmul(b, &qp, xn, &w->wq, opt(&w->bq));
-    op_matmul(b, &kp, xn, &w->wk, opt(&w->bk));
-    op_matmul(b, &v, xn, &w->wv, opt(&w->bv));
+    {   /* q, k and v from the same rows: one launch where the backend can (a decode step on CUDA) */
+        const struct tensor *ys[3] = {&qp, &kp, &v}, *ws[3] = {&w->wq, &w->wk, &w->wv};
+        const struct tensor *bs[3] = {opt(&w->bq), opt(&w->bk), opt(&w->bv)};
+        op_matmul_many(b, 3, ys, xn, ws, bs);
+    }
     h->adapt(h->ctx, l, LORA_TARGET_Q, &qp, xn);
     h->adapt(h->ctx, l, LORA_TARGET_K, &kp, xn);
     h->adapt(h->ctx, l, LORA_TARGET_V, &v, xn);
@@ -115,14 +117,17 @@ void layer_mlp_inner(struct model *m, int l, int64_t T, const struct tensor *xn,
     const struct model_config *c = &m->cfg;
     const struct layer_weights *w = &m->w.layers[l];
     struct tensor up = layer_ffn_view(&t->up, T, w), hact = layer_ffn_view(&t->hact, T, w);
-    op_matmul(b, &up, xn, &w->w_up, opt(&w->b_up));
-    h->adapt(h->ctx, l, LORA_TARGET_UP, &up, xn);
-    if (c->gated_mlp) { /* act(gate) * up (SwiGLU, GeGLU) */
+    if (c->gated_mlp) { /* act(gate) * up (SwiGLU, GeGLU); the two products in one launch where the backend can */
         struct tensor gate = layer_ffn_view(&t->gate, T, w);
-        op_matmul(b, &gate, xn, &w->w_gate, opt(&w->b_gate));
+        const struct tensor *ys[2] = {&up, &gate}, *ws[2] = {&w->w_up, &w->w_gate};
+        const struct tensor *bs[2] = {opt(&w->b_up), opt(&w->b_gate)};
+        op_matmul_many(b, 2, ys, xn, ws, bs);
+        h->adapt(h->ctx, l, LORA_TARGET_UP, &up, xn);
         h->adapt(h->ctx, l, LORA_TARGET_GATE, &gate, xn);
         op_gated_activation(b, &hact, &gate, &up, c->activation);
     } else { /* act(up) (GPT-2) */
+        op_matmul(b, &up, xn, &w->w_up, opt(&w->b_up));
+        h->adapt(h->ctx, l, LORA_TARGET_UP, &up, xn);
         op_activation(b, &hact, &up, c->activation);
     }
 }

@@ -141,6 +141,7 @@ static const struct backend_ops cuda_backend_ops = {
     .embedding = cuda_embedding,
     .position_embedding_add = cuda_position_embedding_add,
     .matmul = cuda_matmul,
+    .matmul_many = cuda_matmul_many,
     .rmsnorm = cuda_rmsnorm,
     .layernorm = cuda_layernorm,
     .add = cuda_add,

@@ -26,6 +26,8 @@ void cuda_position_embedding_add(struct backend *b, const struct tensor *x,
                                  const struct tensor *table, const struct tensor *positions);
 void cuda_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
                  const struct tensor *w, const struct tensor *bias);
+void cuda_matmul_many(struct backend *b, int count, const struct tensor *const *y, const struct tensor *x,
+                      const struct tensor *const *w, const struct tensor *const *bias);
 void cuda_rmsnorm(struct backend *b, const struct tensor *out, const struct tensor *x,
                   const struct tensor *weight, float eps);
 void cuda_layernorm(struct backend *b, const struct tensor *out, const struct tensor *x,

@@ -76,9 +76,11 @@ static __global__ void matmul_bias_add_kernel(T *y, const float *acc, const T *b
  * k a multiple of the vector, x and w 16-byte aligned. */
 #define GEMV_WARPS 8 /* warps per thread block */
 
+/* Output features of one product for thread block `block` of `n_blocks` (all of the block's
+ * threads take part). */
 template <typename T, int M>
-static __global__ void __launch_bounds__(32 * GEMV_WARPS)
-gemv_kernel(T *y, const T *x, const T *w, const T *bias, int64_t n, int64_t k, int split)
+__device__ __forceinline__ void gemv_block(T *y, const T *x, const T *w, const T *bias, int64_t n, int64_t k,
+                                           int split, int64_t block, int64_t n_blocks)
 {
     constexpr int N = cuda_vec<T>::N;
     __shared__ float part[GEMV_WARPS][M];
@@ -86,7 +88,7 @@ gemv_kernel(T *y, const T *x, const T *w, const T *bias, int64_t n, int64_t k, i
     const int per_block = GEMV_WARPS / split, sub = warp % split;
     const int64_t nv = k / N;
     /* j0 is the same for the whole block, so every thread reaches the __syncthreads below. */
-    for (int64_t j0 = (int64_t)blockIdx.x * per_block; j0 < n; j0 += (int64_t)gridDim.x * per_block) {
+    for (int64_t j0 = block * per_block; j0 < n; j0 += n_blocks * per_block) {
         const int64_t j = j0 + warp / split;
         float acc[M];
 #pragma unroll
@@ -132,6 +134,36 @@ gemv_kernel(T *y, const T *x, const T *w, const T *bias, int64_t n, int64_t k, i
     }
 }
 
+template <typename T, int M>
+static __global__ void __launch_bounds__(32 * GEMV_WARPS)
+gemv_kernel(T *y, const T *x, const T *w, const T *bias, int64_t n, int64_t k, int split)
+{
+    gemv_block<T, M>(y, x, w, bias, n, k, split, blockIdx.x, gridDim.x);
+}
+
+/* Up to OP_MATMUL_MANY_MAX products of the same x in one launch (op_matmul_many): product i
+ * takes thread blocks begin[i] .. begin[i + 1] - 1, exactly enough for its features, with the
+ * split gemv_split_for gives it alone, so each result is the one gemv_kernel gives. */
+template <typename T>
+struct gemv_many_args {
+    T       *y[OP_MATMUL_MANY_MAX];
+    const T *w[OP_MATMUL_MANY_MAX], *bias[OP_MATMUL_MANY_MAX];
+    int64_t  n[OP_MATMUL_MANY_MAX];
+    int      split[OP_MATMUL_MANY_MAX];
+    unsigned begin[OP_MATMUL_MANY_MAX + 1];
+    int      count;
+};
+
+template <typename T, int M>
+static __global__ void __launch_bounds__(32 * GEMV_WARPS)
+gemv_many_kernel(const gemv_many_args<T> g, const T *x, int64_t k)
+{
+    int i = 0;
+    while (i + 1 < g.count && blockIdx.x >= g.begin[i + 1]) i++; /* block-uniform */
+    gemv_block<T, M>(g.y[i], x, g.w[i], g.bias[i], g.n[i], k, g.split[i], blockIdx.x - g.begin[i],
+                     g.begin[i + 1] - g.begin[i]);
+}
+
 /* The warps per output feature: SHARDLM_CUDA_GEMV_SPLIT, else the fewest (a power of 2, at
  * most GEMV_WARPS) that give the device 32 warps of work per SM, and no more than leave every
  * lane a vector of k. */
@@ -161,12 +193,50 @@ static void gemv_launch(struct cuda_state *s, const struct tensor *y, const stru
     LAUNCH_CHECK();
 }
 
-/* Whether the product takes gemv_kernel: few rows, x, w, y (and the bias) in one 16-bit dtype,
- * whole 16-byte vectors. */
-static int gemv_fits(const struct cuda_state *s, const struct tensor *y, const struct tensor *x,
-                     const struct tensor *w, const struct tensor *bias, int64_t m, int64_t k)
+/* The products y[i] = x w[i]^T (+ bias[i]) in one gemv_many_kernel launch; 0 (nothing
+ * launched) when their thread blocks would not fit one grid. */
+template <typename T>
+static int gemv_many_launch(struct cuda_state *s, int count, const struct tensor *const *y, const struct tensor *x,
+                            const struct tensor *const *w, const struct tensor *const *bias, int64_t m, int64_t k)
 {
-    return m <= s->gemv_rows && m <= CUDA_GEMV_MAX_ROWS && k > 0 &&
+    gemv_many_args<T> g = {};
+    g.count = count;
+    int64_t total = 0;
+    for (int i = 0; i < count; i++) {
+        g.y[i] = (T *)y[i]->data;
+        g.w[i] = (const T *)w[i]->data;
+        g.bias[i] = bias[i] ? (const T *)bias[i]->data : NULL;
+        g.n[i] = w[i]->shape[0];
+        g.split[i] = gemv_split_for(s, g.n[i], k, cuda_vec<T>::N);
+        g.begin[i] = (unsigned)total;
+        const int per_block = GEMV_WARPS / g.split[i];
+        total += (g.n[i] + per_block - 1) / per_block;
+        if (total > CUDA_MAX_BLOCKS) return 0;
+    }
+    g.begin[count] = (unsigned)total;
+    const T *xp = (const T *)x->data;
+    switch (m) {
+#define GEMV_MANY_CASE(M)                                                                         \
+    case M: gemv_many_kernel<T, M><<<(unsigned)total, 32 * GEMV_WARPS, 0, s->stream>>>(g, xp, k); break;
+        GEMV_MANY_CASE(1) GEMV_MANY_CASE(2) GEMV_MANY_CASE(3) GEMV_MANY_CASE(4) GEMV_MANY_CASE(5) GEMV_MANY_CASE(6)
+        GEMV_MANY_CASE(7) GEMV_MANY_CASE(8)
+#undef GEMV_MANY_CASE
+    default: CHECK(0, "gemv: %lld rows", (long long)m);
+    }
+    LAUNCH_CHECK();
+    return 1;
+}
+
+/* Whether the product takes gemv_kernel: few rows, x, w, y (and the bias) in one 16-bit dtype,
+ * whole 16-byte vectors; past 2 rows only for weights of at most GEMV_MANY_ROWS_MAX_WEIGHTS
+ * elements, where cuBLAS's fixed cost dominates (an H200, 2026-12-04: at m = 4 the gemv took
+ * 2048 x 2048 in 8.8 us against cuBLAS's 13.6, but 8192 x 2048 in 17.5 against 13.3 and the
+ * 128256 x 2048 LM head in 205 against 129; at m = 1 it was never slower). */
+#define GEMV_MANY_ROWS_MAX_WEIGHTS (2048 * 2048)
+static int gemv_fits(const struct cuda_state *s, const struct tensor *y, const struct tensor *x,
+                     const struct tensor *w, const struct tensor *bias, int64_t m, int64_t n, int64_t k)
+{
+    return m <= s->gemv_rows && m <= CUDA_GEMV_MAX_ROWS && k > 0 && (m <= 2 || n * k <= GEMV_MANY_ROWS_MAX_WEIGHTS) &&
            (x->dtype == DTYPE_BF16 || x->dtype == DTYPE_F16) && w->dtype == x->dtype && y->dtype == x->dtype &&
            (!bias || bias->dtype == x->dtype) && k % 8 == 0 && (uintptr_t)x->data % 16 == 0 &&
            (uintptr_t)w->data % 16 == 0;
@@ -216,7 +286,7 @@ void cuda_matmul(struct backend *b, const struct tensor *y, const struct tensor 
         }
         return;
     }
-    if (gemv_fits(s, y, x, w, bias, m, k)) {
+    if (gemv_fits(s, y, x, w, bias, m, n, k)) {
         if (x->dtype == DTYPE_BF16) gemv_launch<__nv_bfloat16>(s, y, x, w, bias, m, n, k);
         else gemv_launch<__half>(s, y, x, w, bias, m, n, k);
         return;
@@ -389,4 +459,23 @@ void cuda_matmul_backward(struct backend *b, const struct tensor *dx, const stru
                                                                      (const T *)dy->data, m, n);
                 LAUNCH_CHECK()));
     }
+}
+
+/* op_matmul_many: one launch when every product takes the gemv kernel (decode rows: q, k and v;
+ * gate and up), else each product as cuda_matmul computes it. */
+void cuda_matmul_many(struct backend *b, int count, const struct tensor *const *y, const struct tensor *x,
+                      const struct tensor *const *w, const struct tensor *const *bias)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    const int64_t m = tensor_rows(x), k = x->ndim ? tensor_cols(x) : 0;
+    int fused = count > 1 && m > 0;
+    for (int i = 0; fused && i < count; i++)
+        fused = !dtype_is_quant(w[i]->dtype) && w[i]->shape[0] > 0 && w[i]->shape[1] == k &&
+                gemv_fits(s, y[i], x, w[i], bias[i], m, w[i]->shape[0], k);
+    if (fused) {
+        fused = x->dtype == DTYPE_BF16 ? gemv_many_launch<__nv_bfloat16>(s, count, y, x, w, bias, m, k)
+                                       : gemv_many_launch<__half>(s, count, y, x, w, bias, m, k);
+        if (fused) return;
+    }
+    for (int i = 0; i < count; i++) cuda_matmul(b, y[i], x, w[i], bias[i]);
 }
