@@ -596,7 +596,7 @@ void op_attention_train(struct backend *b, const struct tensor *out, const struc
                         const struct tensor *q, const struct tensor *k, const struct tensor *v,
                         const struct attention_train_batch *batch);
 
-/* On CUDA, bf16 and f16 at head_dim 32, 64, 96 or 128 may run on tensor cores
+/* On CUDA, bf16 and f16 at head_dim 32, 64 or 128 (96 when forced) may run on tensor cores
  * (kernels/cuda/attention_train_tc.cu), which round the probabilities (and, in the backward,
  * dS) to the inputs' dtype before their second product, as FlashAttention does: an error of
  * that dtype's unit roundoff times sum_j P_ij |v_j| (and the like for the gradients) beyond the

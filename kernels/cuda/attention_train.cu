@@ -24,7 +24,7 @@
  * (scale * q) . k, the expression the forward normalised, in the backward as well.
  * Keys a row does not attend to (another document, the future, outside the window) carry no
  * weight and are never multiplied in, whatever their values.
- * bf16 and f16 at head_dim 32, 64, 96 and 128 take the tensor-core form instead where
+ * bf16 and f16 at head_dim 32, 64 and 128 (96 when forced) take the tensor-core form instead where
  * SHARDLM_CUDA_TRAIN_ATTENTION allows it (attention_train_tc.cu).
  * Not here: paged attention for serving (attention.cu).
  * Tests: tests/test_attention_train.c --backend cuda (against the double reference and the

@@ -1,5 +1,5 @@
 /* kernels/cuda/attention_train_tc.cu - op_attention_train and its backward on tensor cores
- * (WMMA, 16 x 16 x 16 tiles of bf16 or f16 with f32 sums) for head_dim 32, 64, 96 or 128: the
+ * (WMMA, 16 x 16 x 16 tiles of bf16 or f16 with f32 sums) for head_dim 32, 64 and 128 (96 when forced): the
  * same packed documents, causal masks, windows, soft-capping and sinks as attention_train.cu's
  * CUDA-core kernels, which take every other shape and f32. Which one runs:
  * SHARDLM_CUDA_TRAIN_ATTENTION (cuda_common.cuh).
@@ -384,8 +384,11 @@ int cuda_attention_train_tc_fits(const struct cuda_state *s, const struct tensor
                                  const struct tensor *v)
 {
     const int64_t hd = q->shape[2];
+    /* head_dim 96 (Phi-3) only when forced (SHARDLM_CUDA_TRAIN_ATTENTION=tc): no case of it had run
+     * on a GPU when this form became the default (2026-12-04); 32, 64 and 128 had. */
     return s->train_attention_tc && (q->dtype == DTYPE_BF16 || q->dtype == DTYPE_F16) &&
-           (hd == 32 || hd == 64 || hd == 96 || hd == 128) && tc_aligned(q) && tc_aligned(k) && tc_aligned(v);
+           (hd == 32 || hd == 64 || hd == 128 || (hd == 96 && s->train_attention_tc == 2)) && tc_aligned(q) &&
+           tc_aligned(k) && tc_aligned(v);
 }
 
 /* Calls F<T, HD> for the dtype and head_dim (cuda_attention_train_tc_fits holds). */

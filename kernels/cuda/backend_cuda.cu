@@ -198,7 +198,7 @@ static enum status cuda_train_attention_from_env(int *tc)
     const char *v = getenv("SHARDLM_CUDA_TRAIN_ATTENTION");
     *tc = CUDA_TRAIN_ATTENTION_TC_DEFAULT;
     if (!v || !*v || !strcmp(v, "auto")) return STATUS_OK;
-    if (!strcmp(v, "tc")) *tc = 1;
+    if (!strcmp(v, "tc")) *tc = 2; /* forced: head_dim 96 too (attention_train_tc.cu) */
     else if (!strcmp(v, "simple")) *tc = 0;
     else return status_errorf(STATUS_INVALID_ARGUMENT, "SHARDLM_CUDA_TRAIN_ATTENTION=%s: expected auto, tc or simple", v);
     return STATUS_OK;

@@ -78,7 +78,8 @@ struct cuda_state {
     int            split_waves, split_min_chunk;
     int            gemv_rows;  /* see CUDA_GEMV_ROWS_DEFAULT */
     int            gemv_split; /* see CUDA_GEMV_SPLIT_DEFAULT */
-    int            train_attention_tc; /* see CUDA_TRAIN_ATTENTION_TC_DEFAULT (ops.h) */
+    int            train_attention_tc; /* 0 CUDA cores, 1 tensor cores where they fit, 2 forced (head_dim 96 too):
+                                          CUDA_TRAIN_ATTENTION_TC_DEFAULT (ops.h) */
     cudaStream_t   stream;
     cublasHandle_t cublas; /* bound to stream; created, used and destroyed only by matmul.cu */
     void          *scratch;       /* device memory for ops' temporaries (cuda_scratch) */
