@@ -102,6 +102,8 @@ run_tests() {
   # and the tests that train on CUDA with it.
   step "test_attention_train, CUDA-core kernels" 90 "$log" env SHARDLM_CUDA_TRAIN_ATTENTION=simple \
     "$B/build/tests/test_attention_train" --backend cuda
+  step "test_attention_train, tensor cores forced (head_dim 96)" 60 "$log" env SHARDLM_CUDA_TRAIN_ATTENTION=tc \
+    "$B/build/tests/test_attention_train" --backend cuda --filter head_dim=96
   (cd "$B/build" && step "ctest train_grad_cuda train_parallel_cuda, tensor-core attention" 200 "$log" \
     env SHARDLM_CUDA_TRAIN_ATTENTION=tc ctest -R '^(train_grad_cuda|train_parallel_cuda)$' --output-on-failure --timeout 190)
   # The gemv kernel with each count of warps per output feature.
