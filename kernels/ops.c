@@ -56,6 +56,24 @@ void backend_free(struct backend *b, void *ptr)
     if (ptr) b->ops->free(b, ptr);
 }
 
+enum status backend_host_alloc(struct backend *b, size_t nbytes, void **ptr)
+{
+    if (b->ops->host_alloc) return b->ops->host_alloc(b, nbytes, ptr);
+    *ptr = NULL;
+    if (posix_memalign(ptr, 256, nbytes ? nbytes : 256) != 0) {
+        *ptr = NULL;
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of host memory allocating %zu bytes", nbytes);
+    }
+    return STATUS_OK;
+}
+
+void backend_host_free(struct backend *b, void *ptr)
+{
+    if (!ptr) return;
+    if (b->ops->host_free) b->ops->host_free(b, ptr);
+    else free(ptr);
+}
+
 enum status backend_alloc_tensor(struct backend *b, struct tensor *t, enum dtype dtype, int ndim,
                                  const int64_t *shape)
 {

@@ -167,6 +167,9 @@ struct backend_ops {
     /* memory */
     enum status (*alloc)(struct backend *b, size_t nbytes, void **ptr);
     void (*free)(struct backend *b, void *ptr);
+    /* backend_host_alloc / backend_host_free; NULL: ordinary aligned host memory */
+    enum status (*host_alloc)(struct backend *b, size_t nbytes, void **ptr);
+    void (*host_free)(struct backend *b, void *ptr);
     void (*upload)(struct backend *b, void *dst_device, const void *src_host, size_t nbytes);
     void (*download)(struct backend *b, void *dst_host, const void *src_device, size_t nbytes);
     void (*copy)(struct backend *b, void *dst_device, const void *src_device, size_t nbytes);
@@ -353,6 +356,14 @@ void        backend_free(struct backend *b, void *ptr); /* accepts NULL */
  * backend_free(b, t->data)). */
 enum status backend_alloc_tensor(struct backend *b, struct tensor *t, enum dtype dtype, int ndim,
                                  const int64_t *shape);
+/* Host memory that the backend's downloads and uploads fill fastest, for buffers every step
+ * downloads into (the engine's logits): on CUDA page-locked (cudaHostAlloc: a copy to pageable
+ * memory goes through a staging buffer at a fraction of the bus's rate), falling back to
+ * ordinary memory when the driver refuses; on the CPU ordinary memory. 256-byte aligned; NULL
+ * and STATUS_RESOURCE_EXHAUSTED when out of host memory. Free with backend_host_free (accepts
+ * NULL) before the backend closes. */
+enum status backend_host_alloc(struct backend *b, size_t nbytes, void **ptr);
+void        backend_host_free(struct backend *b, void *ptr);
 /* Host <-> device copies from ordinary (pageable) host memory. The host buffer of an upload
  * may be reused as soon as the call returns; a download has finished when it returns (it
  * waits for the queued ops that write its source). */

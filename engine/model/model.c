@@ -153,8 +153,10 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     }
     const size_t width = (size_t)m->tp_size * (size_t)m->vocab_local;
     if (width != (size_t)c->vocab_size) { /* padded shards: compact on the host */
-        free(m->ws.host_logits);
-        m->ws.host_logits = malloc((size_t)max_logits * width * sizeof *m->ws.host_logits);
+        backend_host_free(m->b, m->ws.host_logits);
+        void *hl = NULL;
+        (void)backend_host_alloc(m->b, (size_t)max_logits * width * sizeof *m->ws.host_logits, &hl);
+        m->ws.host_logits = hl;
         if (!m->ws.host_logits) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory for logits");
     }
     if (m->par.groups && m->tp_size > 1) {
@@ -201,7 +203,7 @@ void model_free(struct model *m)
     free(m->ws.ep_host_idx);
     free(m->ws.ep_host_count);
     free((void *)m->ws.moe_load);
-    free(m->ws.host_logits);
+    backend_host_free(m->b, m->ws.host_logits);
     checkpoint_close(m->checkpoint);
     free(m);
 }

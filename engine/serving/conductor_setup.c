@@ -156,7 +156,9 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
         LOG_INFO(MODULE, "speculative decoding on: greedy tokens are picked on the host, not the device");
     }
     const size_t V = (size_t)cfg->vocab_size;
-    c->logits = malloc((size_t)c->max_logits * V * sizeof *c->logits);
+    void *logits = NULL; /* every step downloads into it: page-locked on CUDA */
+    (void)backend_host_alloc(c->b, (size_t)c->max_logits * V * sizeof *c->logits, &logits);
+    c->logits = logits;
     c->scratch = malloc(2 * V * sizeof *c->scratch);
     c->mb_qstart = malloc(((size_t)o->max_seqs + 1) * sizeof(int32_t));
     c->mb_rows = malloc((size_t)c->max_logits * sizeof(int32_t));
@@ -220,7 +222,7 @@ void conductor_free(struct conductor *c)
     grammar_vocab_free(c->gvocab);
     pthread_mutex_destroy(&c->gmu);
     scheduler_free(&c->sched);
-    free(c->logits);
+    backend_host_free(c->b, c->logits);
     free(c->scratch);
     sampler_free(&c->smp);
     conductor_presample_free(c);

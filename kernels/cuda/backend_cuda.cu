@@ -42,6 +42,34 @@ static void cuda_free(struct backend *b, void *ptr)
     CUDA_CHECK(cudaFree(ptr));
 }
 
+/* Page-locked host memory (portable: any device may copy into it); ordinary aligned memory when
+ * the driver refuses (a locked-memory limit), which cuda_host_free tells apart. */
+static enum status cuda_host_alloc(struct backend *b, size_t nbytes, void **ptr)
+{
+    cuda_state_enter(b);
+    *ptr = NULL;
+    if (cudaHostAlloc(ptr, nbytes ? nbytes : 256, cudaHostAllocPortable) == cudaSuccess) return STATUS_OK;
+    (void)cudaGetLastError(); /* not sticky: clear it for later checks */
+    *ptr = NULL;
+    if (posix_memalign(ptr, 256, nbytes ? nbytes : 256) != 0) {
+        *ptr = NULL;
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of host memory allocating %zu bytes", nbytes);
+    }
+    return STATUS_OK;
+}
+
+static void cuda_host_free(struct backend *b, void *ptr)
+{
+    cuda_state_enter(b);
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, ptr) == cudaSuccess && attr.type == cudaMemoryTypeHost) {
+        CUDA_CHECK(cudaFreeHost(ptr));
+        return;
+    }
+    (void)cudaGetLastError();
+    free(ptr);
+}
+
 /* src_host is pageable memory (the engine has no other kind): CUDA copies it to a staging
  * buffer before cudaMemcpyAsync returns, so the caller may reuse it at once while the copy to
  * the device stays ordered on the stream. */
@@ -130,6 +158,8 @@ static const struct backend_ops cuda_backend_ops = {
     .name = "cuda",
     .alloc = cuda_alloc,
     .free = cuda_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
     .upload = cuda_upload,
     .download = cuda_download,
     .copy = cuda_copy,
