@@ -359,8 +359,8 @@ void op_dropout(struct backend *b, const struct tensor *out, const struct tensor
     after_op(b);
 }
 
-void op_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
-             int rot_dim, const struct rope_params *rp, enum rope_style style)
+static void check_rope_args(struct backend *b, const struct tensor *x, const struct tensor *positions, int rot_dim,
+                            const struct rope_params *rp, enum rope_style style)
 {
     check_float(b, x, "rope x");
     check_i32(b, positions, "rope positions");
@@ -370,7 +370,29 @@ void op_rope(struct backend *b, const struct tensor *x, const struct tensor *pos
           rot_dim, (long long)x->shape[2]);
     check_rope(b, rp, rot_dim);
     CHECK(style == ROPE_STYLE_PAIRS || style == ROPE_STYLE_HALVES, "rope style %d", (int)style);
+}
+
+void op_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
+             int rot_dim, const struct rope_params *rp, enum rope_style style)
+{
+    check_rope_args(b, x, positions, rot_dim, rp, style);
     b->ops->rope(b, x, positions, rot_dim, rp, style);
+    after_op(b);
+}
+
+void op_rope_qk(struct backend *b, const struct tensor *q, const struct tensor *k, const struct tensor *positions,
+                int rot_dim, const struct rope_params *rp, enum rope_style style)
+{
+    check_rope_args(b, q, positions, rot_dim, rp, style);
+    check_rope_args(b, k, positions, rot_dim, rp, style);
+    CHECK(q->dtype == k->dtype && q->shape[2] == k->shape[2] && q->data != k->data,
+          "rope_qk: q %s and k %s must share a dtype and head_dim, and not alias", DESC(q), DESC(k));
+    if (b->ops->rope_qk) {
+        b->ops->rope_qk(b, q, k, positions, rot_dim, rp, style);
+    } else {
+        b->ops->rope(b, q, positions, rot_dim, rp, style);
+        b->ops->rope(b, k, positions, rot_dim, rp, style);
+    }
     after_op(b);
 }
 

@@ -203,6 +203,9 @@ struct backend_ops {
                     int64_t col0, float p);
     void (*rope)(struct backend *b, const struct tensor *x, const struct tensor *positions,
                  int rot_dim, const struct rope_params *rp, enum rope_style style);
+    /* op_rope_qk; NULL: rope on each */
+    void (*rope_qk)(struct backend *b, const struct tensor *q, const struct tensor *k, const struct tensor *positions,
+                    int rot_dim, const struct rope_params *rp, enum rope_style style);
     void (*kv_write)(struct backend *b, const struct tensor *k_cache, const struct tensor *v_cache,
                      const struct tensor *k, const struct tensor *v, const struct tensor *slots);
     void (*attention)(struct backend *b, const struct tensor *out, const struct tensor *q,
@@ -532,6 +535,10 @@ static inline uint32_t op_dropout_threshold(float p) { return (uint32_t)((double
  * up (see enum rope_style). */
 void op_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
              int rot_dim, const struct rope_params *rp, enum rope_style style);
+/* op_rope on q (n, n_heads, head_dim) and on k (n, n_kv_heads, head_dim), the same rows and
+ * positions: each result exactly op_rope's; a backend may rotate both in one launch (CUDA). */
+void op_rope_qk(struct backend *b, const struct tensor *q, const struct tensor *k, const struct tensor *positions,
+                int rot_dim, const struct rope_params *rp, enum rope_style style);
 /* Backward, in place on the gradient dx (n, n_heads, head_dim): the rotation is orthogonal, so
  * its gradient is the inverse rotation (angle -positions[t] * freq_i, the same angles as the
  * forward to the bit); the features past rot_dim pass through. */

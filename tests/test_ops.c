@@ -774,6 +774,50 @@ static void case_rope(struct suite *s, enum dtype dt, int n, int h, int hd, int 
     case_end(s, name, &v);
 }
 
+/* op_rope_qk: q (n, h) and k (n, kv) heads rotated together must be the very bits op_rope gives
+ * each (on CUDA one launch against two), and q the reference's rotation. */
+static void case_rope_qk(struct suite *s, enum dtype dt, int n, int h, int kv, int hd, int rot, enum rope_style style)
+{
+    char name[160];
+    snprintf(name, sizeof name, "rope_qk %s n=%d heads=%d/%d head_dim=%d rot_dim=%d %s", dtype_name(dt), n, h, kv, hd,
+             rot, style == ROPE_STYLE_PAIRS ? "pairs" : "halves");
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    const size_t nq = (size_t)n * h * hd, nk = (size_t)n * kv * hd;
+    struct hbuf q = hbuf_uniform(s, dt, nq, &r, -1, 1), k = hbuf_uniform(s, dt, nk, &r, -1, 1);
+    int32_t *pos = case_alloc(s, (size_t)n, sizeof(int32_t));
+    for (int i = 0; i < n; i++) pos[i] = rng_int(&r, 5000);
+    double *want = case_alloc(s, nq, sizeof(double)), *mag = case_alloc(s, nq, sizeof(double));
+    double *tol = case_alloc(s, nq, sizeof(double));
+    ref_rope(n, h, hd, q.val, pos, rot, 10000.0, NULL, 1.0f, style, want, mag);
+    make_tol(tol, OP_ROPE, dt, want, mag, nq);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *qb = case_alloc(s, nq, dtype_size(dt)), *kb = case_alloc(s, nk, dtype_size(dt));
+    void *q1 = case_alloc(s, nq, dtype_size(dt)), *k1 = case_alloc(s, nk, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tq = arena_out(&a, "q", dt, S3(n, h, hd), q.bits, qb);
+        struct tensor tk = arena_out(&a, "k", dt, S3(n, kv, hd), k.bits, kb);
+        struct tensor tq1 = arena_out(&a, "q (op_rope)", dt, S3(n, h, hd), q.bits, q1);
+        struct tensor tk1 = arena_out(&a, "k (op_rope)", dt, S3(n, kv, hd), k.bits, k1);
+        struct tensor tp = arena_in(&a, "positions", DTYPE_I32, S1(n), pos);
+        const struct rope_params rp = {.theta = 10000.0f, .attn_factor = 1.0f};
+        if (SUPPORTED(&v, b, rope)) {
+            op_rope_qk(b, &tq, &tk, &tp, rot, &rp, style);
+            op_rope(b, &tq1, &tp, rot, &rp, style);
+            op_rope(b, &tk1, &tp, rot, &rp, style);
+        }
+        arena_finish(&a, &v);
+        if (memcmp(qb, q1, nq * dtype_size(dt)) || memcmp(kb, k1, nk * dtype_size(dt)))
+            verdict_fail(&v, "%s: q or k differs from op_rope's", b->ops->name);
+        got[bi] = decode(s, qb, dt, nq);
+    }
+    check_close(s, &v, "q", got, want, tol, nq, (size_t)hd);
+    case_end(s, name, &v);
+}
+
 /* ---- activations --------------------------------------------------------------------------- */
 
 /* Inputs in [-10, 10], preceded by zeros, tiny values and the far tails. */
@@ -1202,6 +1246,9 @@ static void run_all(struct suite *s)
         case_rope(s, dt, 4, 3, 16, 2, 10000.0f, ROPE_STYLE_HALVES, 100, 0);
         case_rope(s, dt, 3, 2, 64, 64, 10000.0f, ROPE_STYLE_PAIRS, 32767, 0);
         case_rope(s, dt, 3, 2, 64, 48, 10000.0f, ROPE_STYLE_HALVES, 32767, 0);
+        case_rope_qk(s, dt, 1, 32, 8, 64, 64, ROPE_STYLE_HALVES); /* a decode row of the 1B shape */
+        case_rope_qk(s, dt, 7, 4, 1, 128, 96, ROPE_STYLE_PAIRS);
+        case_rope_qk(s, dt, 300, 8, 2, 64, 64, ROPE_STYLE_HALVES); /* prefill rows: one thread per pair */
         case_rope(s, dt, 5, 2, 64, 64, 500000.0f, ROPE_STYLE_HALVES, 8191, 1);
         case_rope(s, dt, 4, 3, 80, 24, 10000.0f, ROPE_STYLE_PAIRS, 300, 1);
         case_rope(s, dt, 40, 8, 128, 128, 10000.0f, ROPE_STYLE_HALVES, 4095, 0);

@@ -102,8 +102,7 @@ enum status layer_attention_inner(struct model *m, int l, int64_t T, const struc
     }
     if (c->positions == POSITION_KIND_ROTARY) {
         struct tensor pos = tensor_first_rows(&t->pos, T);
-        op_rope(b, &q3, &pos, c->rot_dim, &rope, c->rope_style);
-        op_rope(b, &k3, &pos, c->rot_dim, &rope, c->rope_style);
+        op_rope_qk(b, &q3, &k3, &pos, c->rot_dim, &rope, c->rope_style); /* one launch on CUDA */
     }
     struct tensor lse = t->lse.data ? tensor_first_rows(&t->lse, T) : t->lse;
     h->attend(h->ctx, l, window, &q3, &k3, &v3, &att3, &lse);

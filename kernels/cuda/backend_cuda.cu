@@ -180,6 +180,7 @@ static const struct backend_ops cuda_backend_ops = {
     .scatter_add_rows = cuda_scatter_add_weighted,
     .dropout = cuda_dropout,
     .rope = cuda_rope,
+    .rope_qk = cuda_rope_qk,
     .kv_write = cuda_kv_write,
     .attention = cuda_attention,
     .activation = cuda_activation,

@@ -45,6 +45,8 @@ void cuda_dropout(struct backend *b, const struct tensor *out, const struct tens
                   float p);
 void cuda_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
                int rot_dim, const struct rope_params *rp, enum rope_style style);
+void cuda_rope_qk(struct backend *b, const struct tensor *q, const struct tensor *k, const struct tensor *positions,
+                  int rot_dim, const struct rope_params *rp, enum rope_style style);
 void cuda_kv_write(struct backend *b, const struct tensor *k_cache, const struct tensor *v_cache,
                    const struct tensor *k, const struct tensor *v, const struct tensor *slots);
 void cuda_attention(struct backend *b, const struct tensor *out, const struct tensor *q,

@@ -23,8 +23,11 @@
 template <typename T>
 static __global__ void rope_kernel(T *x, const int32_t *positions, int64_t n, int64_t n_heads,
                                    int64_t head_dim, int rot_dim, float theta, const float *factors,
-                                   float attn_factor, int pairs_style, float direction, int hsplit)
+                                   float attn_factor, int pairs_style, float direction, int hsplit,
+                                   T *x2, int64_t n_heads2)
 {
+    /* x2 (n, n_heads2, head_dim), NULL or not: more heads of the same rows (op_rope_qk's k), heads
+     * n_heads .. n_heads + n_heads2 - 1 of the loop below, with the same angles. */
     int half = rot_dim / 2;
     int64_t total = n * half * hsplit;
     for (int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; w < total;
@@ -39,8 +42,8 @@ static __global__ void rope_kernel(T *x, const int32_t *positions, int64_t n, in
         float c = attn_factor * (float)cos((double)angle), sn = attn_factor * direction * (float)sin((double)angle);
         int i0 = pairs_style ? 2 * i : i;
         int i1 = pairs_style ? 2 * i + 1 : i + half;
-        for (int64_t h = hs; h < n_heads; h += hsplit) {
-            T *v = x + (t * n_heads + h) * head_dim;
+        for (int64_t h = hs; h < n_heads + n_heads2; h += hsplit) {
+            T *v = h < n_heads ? x + (t * n_heads + h) * head_dim : x2 + (t * n_heads2 + h - n_heads) * head_dim;
             float a = cuda_load(v + i0), b = cuda_load(v + i1);
             cuda_store(v + i0, a * c - b * sn);
             cuda_store(v + i1, a * sn + b * c);
@@ -54,34 +57,42 @@ static __global__ void rope_kernel(T *x, const int32_t *positions, int64_t n, in
 #define ROPE_SPLIT_TARGET_THREADS 65536
 
 /* x (n, n_heads, head_dim), positions i32 (n); rot_dim even, <= head_dim; direction +1 the
- * rotation, -1 its inverse. */
+ * rotation, -1 its inverse. x2 NULL, or more heads of the same rows (op_rope_qk). */
 static void rope_launch(struct backend *b, const struct tensor *x, const struct tensor *positions,
-                        int rot_dim, const struct rope_params *rp, enum rope_style style, float direction)
+                        int rot_dim, const struct rope_params *rp, enum rope_style style, float direction,
+                        const struct tensor *x2)
 {
     struct cuda_state *s = cuda_state_enter(b);
-    int64_t n = x->shape[0], n_heads = x->shape[1], head_dim = x->shape[2];
+    int64_t n = x->shape[0], n_heads = x->shape[1], head_dim = x->shape[2], n_heads2 = x2 ? x2->shape[1] : 0;
     int64_t pairs = n * (rot_dim / 2);
-    if (pairs == 0 || n_heads == 0) return;
+    if (pairs == 0 || n_heads + n_heads2 == 0) return;
     int64_t hsplit = ROPE_SPLIT_TARGET_THREADS / pairs;
-    if (hsplit > n_heads) hsplit = n_heads;
+    if (hsplit > n_heads + n_heads2) hsplit = n_heads + n_heads2;
     if (hsplit < 1) hsplit = 1;
     CUDA_DISPATCH_FLOAT(x->dtype, T,
         rope_kernel<T><<<cuda_blocks_for(pairs * hsplit, CUDA_THREADS), CUDA_THREADS, 0, s->stream>>>(
             (T *)x->data, (const int32_t *)positions->data, n, n_heads, head_dim, rot_dim, rp->theta,
             rp->factors ? (const float *)rp->factors->data : NULL, rp->attn_factor, style == ROPE_STYLE_PAIRS,
-            direction, (int)hsplit);
+            direction, (int)hsplit, x2 ? (T *)x2->data : (T *)NULL, n_heads2);
         LAUNCH_CHECK());
 }
 
 void cuda_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
                int rot_dim, const struct rope_params *rp, enum rope_style style)
 {
-    rope_launch(b, x, positions, rot_dim, rp, style, 1.0f);
+    rope_launch(b, x, positions, rot_dim, rp, style, 1.0f, NULL);
+}
+
+/* q and k in one launch: k's heads follow q's in the kernel's head loop. */
+void cuda_rope_qk(struct backend *b, const struct tensor *q, const struct tensor *k, const struct tensor *positions,
+                  int rot_dim, const struct rope_params *rp, enum rope_style style)
+{
+    rope_launch(b, q, positions, rot_dim, rp, style, 1.0f, k);
 }
 
 /* dx (n, n_heads, head_dim), in place. */
 void cuda_rope_backward(struct backend *b, const struct tensor *dx, const struct tensor *positions,
                         int rot_dim, const struct rope_params *rp, enum rope_style style)
 {
-    rope_launch(b, dx, positions, rot_dim, rp, style, -1.0f);
+    rope_launch(b, dx, positions, rot_dim, rp, style, -1.0f, NULL);
 }
