@@ -174,6 +174,9 @@ run_bench() {
     echo "without greedy sampling on the device (SHARDLM_DEVICE_SAMPLING=0):" >> "$log"
     step "bench_engine llama1b cuda, host sampling" 60 "$log" env SHARDLM_DEVICE_SAMPLING=0 \
       "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1,64 --prompt 32 --tokens 64
+    echo "sampled requests (temperature 0.8, top_p 0.95: the logits downloaded, sampled on the host):" >> "$log"
+    step "bench_engine llama1b cuda, sampled" 60 "$log" "$B/build/tests/bench_engine" --device cuda --model "$m" \
+      --concurrency 1,64 --prompt 32 --tokens 64 --temperature 0.8 --top-p 0.95
     # One decode step's kernels at batch 1, each timed by Nsight Compute (the step's GPU time
     # against its wall time: launch-bound or not): ncu.csv, one row per kernel.
     local ncu
