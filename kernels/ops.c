@@ -58,8 +58,8 @@ void backend_free(struct backend *b, void *ptr)
 
 enum status backend_host_alloc(struct backend *b, size_t nbytes, void **ptr)
 {
-    if (b->ops->host_alloc) return b->ops->host_alloc(b, nbytes, ptr);
-    *ptr = NULL;
+    if (b->ops->host_alloc && b->ops->host_alloc(b, nbytes, ptr) == STATUS_OK) return STATUS_OK;
+    *ptr = NULL; /* ordinary memory: no backend kind, or the backend's refused (host_free tells them apart) */
     if (posix_memalign(ptr, 256, nbytes ? nbytes : 256) != 0) {
         *ptr = NULL;
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of host memory allocating %zu bytes", nbytes);

@@ -167,7 +167,8 @@ struct backend_ops {
     /* memory */
     enum status (*alloc)(struct backend *b, size_t nbytes, void **ptr);
     void (*free)(struct backend *b, void *ptr);
-    /* backend_host_alloc / backend_host_free; NULL: ordinary aligned host memory */
+    /* backend_host_alloc / backend_host_free; NULL (or host_alloc failing): ordinary aligned host
+     * memory, which host_free must then free too */
     enum status (*host_alloc)(struct backend *b, size_t nbytes, void **ptr);
     void (*host_free)(struct backend *b, void *ptr);
     void (*upload)(struct backend *b, void *dst_device, const void *src_host, size_t nbytes);

@@ -98,14 +98,12 @@ run_tests() {
     ctest -L gpu -FS 'golden|gguf' ${GPU_CHECK_CTEST_REGEX:+-R "$GPU_CHECK_CTEST_REGEX"} -j "${GPU_CHECK_JOBS:-4}" \
     --output-on-failure --timeout 240)
   grep -E '^ *[0-9]+/[0-9]+ Test|tests passed|tests failed|Failed|\*\*\*' "$log" | tail -40 >> "$summary"
-  # Training attention on CUDA cores (the tensor-core form is the default: ctest above),
-  # and the tests that train on CUDA with it.
+  # Training attention on CUDA cores (the tensor-core form is the default: ctest above, the
+  # training tests included).
   step "test_attention_train, CUDA-core kernels" 90 "$log" env SHARDLM_CUDA_TRAIN_ATTENTION=simple \
     "$B/build/tests/test_attention_train" --backend cuda
   step "test_attention_train, tensor cores forced (head_dim 96)" 60 "$log" env SHARDLM_CUDA_TRAIN_ATTENTION=tc \
     "$B/build/tests/test_attention_train" --backend cuda --filter head_dim=96
-  (cd "$B/build" && step "ctest train_grad_cuda train_parallel_cuda, tensor-core attention" 200 "$log" \
-    env SHARDLM_CUDA_TRAIN_ATTENTION=tc ctest -R '^(train_grad_cuda|train_parallel_cuda)$' --output-on-failure --timeout 190)
   # The gemv kernel with each count of warps per output feature.
   local sp
   for sp in 1 2 8; do

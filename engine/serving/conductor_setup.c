@@ -148,10 +148,10 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     const char *dev_sampling = getenv("SHARDLM_DEVICE_SAMPLING");
     c->device_greedy = dev_sampling && *dev_sampling ? strcmp(dev_sampling, "0") != 0 : c->b->device == DEVICE_CUDA;
     if (c->par.layout.pp_size > 1) c->device_greedy = 0; /* the logits travel to rank 0 (run_forward) */
-    /* Speculation asked for (prompt lookup here, a draft below): verifying drafts needs the host's
-     * rows, so the device-greedy path, which never drafts, is off (else --speculative ngram on CUDA
-     * would silently do nothing: the 2026-12-04 GPU run). */
-    if (o->spec_draft > 0 && c->device_greedy) {
+    /* Speculation asked for (prompt lookup, or a draft model or EAGLE head), on every rank:
+     * verifying drafts needs the host's rows, so the device-greedy path, which never drafts, is off
+     * (else --speculative ngram on CUDA would silently do nothing: the 2026-12-04 GPU run). */
+    if ((o->spec_draft > 0 || o->draft_model_dir) && c->device_greedy) {
         c->device_greedy = 0;
         LOG_INFO(MODULE, "speculative decoding on: greedy tokens are picked on the host, not the device");
     }
@@ -173,7 +173,6 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     const char *prior = getenv("SHARDLM_SPEC_PRIOR");
     c->spec_prior = !(prior && !strcmp(prior, "0"));
     if (o->draft_model_dir) {
-        c->device_greedy = 0; /* on every rank: device-greedy steps never draft, the draft needs the host's rows */
         st = conductor_is_first_rank(c) ? load_draft(c) : STATUS_OK;
         /* An EAGLE head's features, every row's hidden state: on the first rank, which keeps them, and
          * at pp > 1 on the last stage's first tp rank, which sends them there (run_forward) */

@@ -42,8 +42,9 @@ static void cuda_free(struct backend *b, void *ptr)
     CUDA_CHECK(cudaFree(ptr));
 }
 
-/* Page-locked host memory (portable: any device may copy into it); ordinary aligned memory when
- * the driver refuses (a locked-memory limit), which cuda_host_free tells apart. */
+/* Page-locked host memory (portable: any device may copy into it). When the driver refuses (a
+ * locked-memory limit), STATUS_UNAVAILABLE: backend_host_alloc then takes ordinary memory, which
+ * cuda_host_free tells apart. */
 static enum status cuda_host_alloc(struct backend *b, size_t nbytes, void **ptr)
 {
     cuda_state_enter(b);
@@ -51,11 +52,7 @@ static enum status cuda_host_alloc(struct backend *b, size_t nbytes, void **ptr)
     if (cudaHostAlloc(ptr, nbytes ? nbytes : 256, cudaHostAllocPortable) == cudaSuccess) return STATUS_OK;
     (void)cudaGetLastError(); /* not sticky: clear it for later checks */
     *ptr = NULL;
-    if (posix_memalign(ptr, 256, nbytes ? nbytes : 256) != 0) {
-        *ptr = NULL;
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of host memory allocating %zu bytes", nbytes);
-    }
-    return STATUS_OK;
+    return status_errorf(STATUS_UNAVAILABLE, "CUDA: cannot page-lock %zu bytes of host memory", nbytes);
 }
 
 static void cuda_host_free(struct backend *b, void *ptr)

@@ -134,18 +134,12 @@ __device__ __forceinline__ void gemv_block(T *y, const T *x, const T *w, const T
     }
 }
 
-template <typename T, int M>
-static __global__ void __launch_bounds__(32 * GEMV_WARPS)
-gemv_kernel(T *y, const T *x, const T *w, const T *bias, int64_t n, int64_t k, int split)
-{
-    gemv_block<T, M>(y, x, w, bias, n, k, split, blockIdx.x, gridDim.x);
-}
-
-/* Up to OP_MATMUL_MANY_MAX products of the same x in one launch (op_matmul_many): product i
- * takes thread blocks begin[i] .. begin[i + 1] - 1, exactly enough for its features, with the
- * split gemv_split_for gives it alone, so each result is the one gemv_kernel gives. */
+/* Up to OP_MATMUL_MANY_MAX products of the same x in one launch (a single product: count 1):
+ * product i takes thread blocks begin[i] .. begin[i + 1] - 1 (enough for its features, at most
+ * CUDA_MAX_BLOCKS of them, looping past that) with the split gemv_split_for gives it alone, so
+ * each result is the same whatever else shares the launch (op_matmul_many). */
 template <typename T>
-struct gemv_many_args {
+struct gemv_args {
     T       *y[OP_MATMUL_MANY_MAX];
     const T *w[OP_MATMUL_MANY_MAX], *bias[OP_MATMUL_MANY_MAX];
     int64_t  n[OP_MATMUL_MANY_MAX];
@@ -156,7 +150,7 @@ struct gemv_many_args {
 
 template <typename T, int M>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS)
-gemv_many_kernel(const gemv_many_args<T> g, const T *x, int64_t k)
+gemv_kernel(const gemv_args<T> g, const T *x, int64_t k)
 {
     int i = 0;
     while (i + 1 < g.count && blockIdx.x >= g.begin[i + 1]) i++; /* block-uniform */
@@ -175,56 +169,33 @@ static int gemv_split_for(const struct cuda_state *s, int64_t n, int64_t k, int 
     return split;
 }
 
+/* The products y[i] = x w[i]^T (+ bias[i]), i < count, in one gemv_kernel launch. */
 template <typename T>
-static void gemv_launch(struct cuda_state *s, const struct tensor *y, const struct tensor *x,
-                        const struct tensor *w, const struct tensor *bias, int64_t m, int64_t n, int64_t k)
+static void gemv_launch(struct cuda_state *s, int count, const struct tensor *const *y, const struct tensor *x,
+                        const struct tensor *const *w, const struct tensor *const *bias, int64_t m, int64_t k)
 {
-    const int split = gemv_split_for(s, n, k, cuda_vec<T>::N);
-    const unsigned blocks = cuda_blocks_for(n, GEMV_WARPS / split);
-    T *yp = (T *)y->data;
-    const T *xp = (const T *)x->data, *wp = (const T *)w->data, *bp = bias ? (const T *)bias->data : NULL;
-    switch (m) {
-#define GEMV_CASE(M)                                                                              \
-    case M: gemv_kernel<T, M><<<blocks, 32 * GEMV_WARPS, 0, s->stream>>>(yp, xp, wp, bp, n, k, split); break;
-        GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4) GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
-#undef GEMV_CASE
-    default: CHECK(0, "gemv: %lld rows", (long long)m);
-    }
-    LAUNCH_CHECK();
-}
-
-/* The products y[i] = x w[i]^T (+ bias[i]) in one gemv_many_kernel launch; 0 (nothing
- * launched) when their thread blocks would not fit one grid. */
-template <typename T>
-static int gemv_many_launch(struct cuda_state *s, int count, const struct tensor *const *y, const struct tensor *x,
-                            const struct tensor *const *w, const struct tensor *const *bias, int64_t m, int64_t k)
-{
-    gemv_many_args<T> g = {};
+    gemv_args<T> g = {};
     g.count = count;
-    int64_t total = 0;
+    unsigned total = 0;
     for (int i = 0; i < count; i++) {
         g.y[i] = (T *)y[i]->data;
         g.w[i] = (const T *)w[i]->data;
         g.bias[i] = bias[i] ? (const T *)bias[i]->data : NULL;
         g.n[i] = w[i]->shape[0];
         g.split[i] = gemv_split_for(s, g.n[i], k, cuda_vec<T>::N);
-        g.begin[i] = (unsigned)total;
-        const int per_block = GEMV_WARPS / g.split[i];
-        total += (g.n[i] + per_block - 1) / per_block;
-        if (total > CUDA_MAX_BLOCKS) return 0;
+        g.begin[i] = total;
+        total += cuda_blocks_for(g.n[i], GEMV_WARPS / g.split[i]);
     }
-    g.begin[count] = (unsigned)total;
+    g.begin[count] = total;
     const T *xp = (const T *)x->data;
     switch (m) {
-#define GEMV_MANY_CASE(M)                                                                         \
-    case M: gemv_many_kernel<T, M><<<(unsigned)total, 32 * GEMV_WARPS, 0, s->stream>>>(g, xp, k); break;
-        GEMV_MANY_CASE(1) GEMV_MANY_CASE(2) GEMV_MANY_CASE(3) GEMV_MANY_CASE(4) GEMV_MANY_CASE(5) GEMV_MANY_CASE(6)
-        GEMV_MANY_CASE(7) GEMV_MANY_CASE(8)
-#undef GEMV_MANY_CASE
+#define GEMV_CASE(M)                                                                              \
+    case M: gemv_kernel<T, M><<<total, 32 * GEMV_WARPS, 0, s->stream>>>(g, xp, k); break;
+        GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4) GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
+#undef GEMV_CASE
     default: CHECK(0, "gemv: %lld rows", (long long)m);
     }
     LAUNCH_CHECK();
-    return 1;
 }
 
 /* Whether the product takes gemv_kernel: few rows, x, w, y (and the bias) in one 16-bit dtype,
@@ -287,8 +258,8 @@ void cuda_matmul(struct backend *b, const struct tensor *y, const struct tensor 
         return;
     }
     if (gemv_fits(s, y, x, w, bias, m, n, k)) {
-        if (x->dtype == DTYPE_BF16) gemv_launch<__nv_bfloat16>(s, y, x, w, bias, m, n, k);
-        else gemv_launch<__half>(s, y, x, w, bias, m, n, k);
+        if (x->dtype == DTYPE_BF16) gemv_launch<__nv_bfloat16>(s, 1, &y, x, &w, &bias, m, k);
+        else gemv_launch<__half>(s, 1, &y, x, &w, &bias, m, k);
         return;
     }
     if (!bias) {
@@ -467,15 +438,15 @@ void cuda_matmul_many(struct backend *b, int count, const struct tensor *const *
                       const struct tensor *const *w, const struct tensor *const *bias)
 {
     struct cuda_state *s = cuda_state_enter(b);
-    const int64_t m = tensor_rows(x), k = x->ndim ? tensor_cols(x) : 0;
-    int fused = count > 1 && m > 0;
+    const int64_t m = tensor_rows(x), k = tensor_cols(x);
+    int fused = m > 0;
     for (int i = 0; fused && i < count; i++)
-        fused = !dtype_is_quant(w[i]->dtype) && w[i]->shape[0] > 0 && w[i]->shape[1] == k &&
-                gemv_fits(s, y[i], x, w[i], bias[i], m, w[i]->shape[0], k);
-    if (fused) {
-        fused = x->dtype == DTYPE_BF16 ? gemv_many_launch<__nv_bfloat16>(s, count, y, x, w, bias, m, k)
-                                       : gemv_many_launch<__half>(s, count, y, x, w, bias, m, k);
-        if (fused) return;
+        fused = w[i]->shape[0] > 0 && gemv_fits(s, y[i], x, w[i], bias[i], m, w[i]->shape[0], k);
+    if (!fused) {
+        for (int i = 0; i < count; i++) cuda_matmul(b, y[i], x, w[i], bias[i]);
+    } else if (x->dtype == DTYPE_BF16) {
+        gemv_launch<__nv_bfloat16>(s, count, y, x, w, bias, m, k);
+    } else {
+        gemv_launch<__half>(s, count, y, x, w, bias, m, k);
     }
-    for (int i = 0; i < count; i++) cuda_matmul(b, y[i], x, w[i], bias[i]);
 }
