@@ -47,11 +47,13 @@ struct generate_flags {
     long max_tokens, threads, seed, tp, pp, ep;
     int add_bos;
     /* Speculative decoding, serve's flags: --speculative ngram | draft | eagle, --draft-model PATH,
-     * --spec-token-map FILE, --spec-draft K, --spec-ngram N. spec_mode 0: none, 1: ngram, 2: draft (eagle: an EAGLE head). */
+     * --spec-token-map FILE, --spec-draft K, --spec-ngram N, --spec-p-min P. spec_mode 0: none, 1: ngram, 2: draft
+     * (eagle: an EAGLE head). */
     int spec_mode;
     const char *draft_model, *token_map;
     int eagle; /* --speculative eagle: draft_model is an EAGLE head */
     long spec_draft, spec_ngram;
+    float spec_p_min; /* -1: not given */
     struct generate_options o; /* sampling (temperature 0 unless given), max_tokens, ignore_eos */
 };
 
@@ -59,7 +61,7 @@ struct generate_flags {
 static int generate_parse(int argc, char **argv, struct generate_flags *f)
 {
     *f = (struct generate_flags){.prompt = "", .device_name = "cpu", .max_tokens = 128, .tp = 1, .pp = 1, .ep = 1,
-                                 .add_bos = 1, .o = {.sampling = sampling_params_default()}};
+                                 .add_bos = 1, .spec_p_min = -1.0f, .o = {.sampling = sampling_params_default()}};
     struct generate_options *o = &f->o;
     o->sampling.temperature = 0.0f;
     for (int i = 0; i < argc; i++) {
@@ -79,6 +81,7 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         else if (!strcmp(a, "--spec-token-map")) f->token_map = v;
         else if (!strcmp(a, "--spec-draft")) { if (base_parse_long(v, 1, 32, &f->spec_draft)) return cli_usage("--spec-draft must be an integer in [1, 32], got '%s'", v); }
         else if (!strcmp(a, "--spec-ngram")) { if (base_parse_long(v, 2, 16, &f->spec_ngram)) return cli_usage("--spec-ngram must be an integer in [2, 16], got '%s'", v); }
+        else if (!strcmp(a, "--spec-p-min")) { if (base_parse_float(v, &f->spec_p_min) || !(f->spec_p_min >= 0.0f && f->spec_p_min <= 1.0f)) return cli_usage("--spec-p-min must be a number in [0, 1], got '%s'", v); }
         else if (!strcmp(a, "--model")) f->model_dir = v;
         else if (!strcmp(a, "--prompt")) f->prompt = v;
         else if (!strcmp(a, "--device")) f->device_name = v;
@@ -106,6 +109,8 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
     if (f->spec_ngram && !f->spec_mode)
         return cli_usage("generate: --spec-ngram needs --speculative ngram, or a draft (prompt lookup first)%s", "");
     if (f->token_map && f->spec_mode != 2) return cli_usage("generate: --spec-token-map needs --draft-model PATH%s", "");
+    if (f->spec_p_min >= 0.0f && f->spec_mode != 2)
+        return cli_usage("generate: --spec-p-min needs --draft-model PATH (prompt lookup's drafts have no probability)%s", "");
     if (f->spec_draft && !f->spec_mode) return cli_usage("generate: --spec-draft needs --speculative ngram or draft%s", "");
     o->sampling.seed = (uint64_t)f->seed;
     o->max_tokens = (int)f->max_tokens;
@@ -232,6 +237,7 @@ static int generate_speculative(const struct generate_flags *f)
     o.draft_token_map = f->token_map;
     o.draft_eagle = f->eagle;
     o.spec_lookup_first = f->spec_mode == 2 && f->spec_ngram;
+    o.spec_p_min = f->spec_p_min > 0.0f ? f->spec_p_min : 0.0f;
     o.pp_layers = f->pp_layers;
     struct parallel_world *world = NULL;
     const long tp = f->ep > 1 ? f->ep * f->tp : f->tp; /* as generate_setup */

@@ -144,6 +144,9 @@ static int usage(const char *fmt, const char *arg)
                     "                 head only where the last N (down to 2) tokens match nothing earlier\n"
                     "  --spec-token-map FILE  the draft's LM head cut to the token ids of FILE (a JSON array; tools/\n"
                     "                 draft_token_map.py): cheaper draft tokens, drafts only among those tokens\n"
+                    "  --spec-p-min P  beside --draft-model: a step's drafts stop where the draft's best token has a\n"
+                    "                 probability below P (llama.cpp's --draft-p-min; a request's\n"
+                    "                 speculative_p_min overrides it) [0: off]\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
                     "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n"
                     "  --lora NAME=DIR          serve the PEFT adapter in DIR unmerged as NAME; a request picks it by\n"
@@ -222,6 +225,7 @@ int serve_main(int argc, char **argv)
     int n_models = 0;
     long max_loras = -1;
     int prompt_lookup = 0; /* --speculative ngram given */
+    int p_min_given = 0;   /* --spec-p-min given: needs --draft-model */
     int ngram_given = 0;   /* --spec-ngram given: prompt lookup, or lookup first beside --draft-model */
     int draft_mode = 0;    /* --speculative draft given: --draft-model is required */
     for (int i = 0; i < argc; i++) {
@@ -294,6 +298,11 @@ int serve_main(int argc, char **argv)
             if (base_parse_long(v, 2, 16, &n)) return usage("--spec-ngram must be an integer in [2, 16], got '%s'", v);
             o.engine.spec_ngram = (int)n;
             ngram_given = 1;
+        } else if (!strcmp(a, "--spec-p-min")) {
+            double p_min;
+            if (number_in(v, 0, 1, &p_min)) return usage("--spec-p-min must be a number in [0, 1], got '%s'", v);
+            o.engine.spec_p_min = (float)p_min;
+            p_min_given = 1;
         } else if (!strcmp(a, "--verify-prefix-cache")) {
             if (number_in(v, 0, 1, &o.engine.verify_prefix_cache))
                 return usage("--verify-prefix-cache must be a fraction in [0, 1], got '%s'", v);
@@ -426,6 +435,8 @@ int serve_main(int argc, char **argv)
         return usage("--speculative %s needs --draft-model PATH", o.engine.draft_eagle ? "eagle" : "draft");
     if (o.engine.draft_token_map && !o.engine.draft_model_dir)
         return usage("--spec-token-map needs --draft-model PATH (it cuts the draft's head)%s", "");
+    if (p_min_given && !o.engine.draft_model_dir)
+        return usage("--spec-p-min needs --draft-model PATH (prompt lookup's drafts have no probability)%s", "");
     if (prompt_lookup && o.engine.draft_model_dir)
         return usage("--draft-model cannot be combined with --speculative ngram (give --speculative draft or eagle "
                      "with --spec-ngram N for prompt lookup first and the draft where nothing matches)%s", "");

@@ -471,7 +471,7 @@ static const char *const body_fields[] = {
     "presence_penalty", "frequency_penalty", "seed", "max_tokens", "n", "min_tokens", "ignore_eos", "stop",
     "stop_token_ids", "logit_bias", "user", "priority", "logprobs", "response_format", "structured_outputs",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "skip_special_tokens", "speculative",
-    "speculative.n_max", "best_of", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+    "speculative.n_max", "speculative.p_min", "best_of", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
     "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "modalities",
     "guided_decoding_backend", NULL};
 static const char *const completion_fields[] = {"prompt", "echo", NULL};
@@ -534,7 +534,7 @@ static enum status parse_skip_special(const cJSON *o, struct http_request *q)
 
 /* Per-request speculative decoding (docs/speculative.md): "speculative": "auto" | "off", and
  * llama.cpp's "speculative.n_max" (the most drafts a step verifies; 0 turns drafting off, as in
- * llama.cpp). */
+ * llama.cpp) and "speculative.p_min" (a draft model's least confidence to go on drafting). */
 static enum status parse_speculative(const cJSON *o, struct request_params *p)
 {
     const cJSON *v = field(o, "speculative");
@@ -547,6 +547,13 @@ static enum status parse_speculative(const cJSON *o, struct request_params *p)
     else if (n_max > 0) p->speculative_n_max = n_max;
     else if (field(o, "speculative.n_max"))
         return status_errorf(STATUS_INVALID_ARGUMENT, "'speculative.n_max' must be >= 0, got %d", n_max);
+    if (field(o, "speculative.p_min")) {
+        float p_min = -1.0f;
+        if ((st = get_float(o, "speculative.p_min", &p_min)) != STATUS_OK) return st;
+        if (!(p_min >= 0.0f && p_min <= 1.0f))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'speculative.p_min' must be in [0, 1], got %g", (double)p_min);
+        p->speculative_p_min = p_min;
+    }
     return STATUS_OK;
 }
 

@@ -60,6 +60,13 @@ static int draft_limit(const struct conductor *c, const struct request *r)
     return k < SPEC_MAX_DRAFT ? k : SPEC_MAX_DRAFT;
 }
 
+/* The least probability a draft model's or head's best token must have for its chain to go on
+ * (llama.cpp's p_min): the request's speculative_p_min when set, else the server's --spec-p-min. */
+static float draft_p_min(const struct conductor *c, const struct request *r)
+{
+    return r->p.speculative_p_min >= 0.0f ? r->p.speculative_p_min : c->o.spec_p_min;
+}
+
 /* The tokens that followed the latest earlier occurrence of s's last n tokens (n from spec_ngram
  * down to 2), at most max of them, into out; their count. */
 static int lookup_draft(const struct seq *s, int ngram, int max, int32_t *out)
@@ -153,8 +160,12 @@ static void propose_drafts(struct conductor *c, struct seq **ds, const int *want
         for (int t = 0; t < m; t++) {
             struct seq *s = run[t];
             float *q = c->spec_q + ((size_t)idx[t] * (size_t)kmax + (size_t)s->n_draft) * V;
-            const int32_t tok =
-                c->draft.row_ok[t] ? draft_pick(c, s, c->draft.logits + (size_t)t * V, s->n_draft, q) : -1;
+            const float *row = c->draft.logits + (size_t)t * V, p_min = draft_p_min(c, s->req);
+            /* --spec-p-min: the chain ends where the draft is unsure, judged before any draw (a
+             * stop that depended on the drawn token would bias verify_sampled's rule) */
+            const int32_t tok = c->draft.row_ok[t] && (p_min <= 0.0f || draft_top_prob(&c->draft, row) >= p_min)
+                                    ? draft_pick(c, s, row, s->n_draft, q)
+                                    : -1;
             if (tok < 0 || !matcher_draft(s, tok, &gm_steps[idx[t]])) {
                 stopped[idx[t]] = 1;
                 continue;

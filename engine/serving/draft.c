@@ -480,3 +480,16 @@ void draft_rollback(struct draft *d, const struct seq *s, int n_valid)
     const int k = s->draft_slot - 1;
     if (k >= 0 && d->owner[k] == s && d->n_cached[k] > n_valid) d->n_cached[k] = n_valid;
 }
+
+float draft_top_prob(const struct draft *d, const float *row)
+{
+    const int n = d->n_map ? d->n_map : d->m->cfg.vocab_size;
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        const float v = row[d->n_map ? d->map[i] : i];
+        if (v > mx) mx = v;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += exp((double)row[d->n_map ? d->map[i] : i] - (double)mx);
+    return (float)(1.0 / sum);
+}

@@ -100,6 +100,13 @@ struct engine_options {
      * this step (--spec-ngram N beside --draft-model: Arctic Inference's suffix + EAGLE idea, a
      * copied span is often longer and surer than a small draft's guess). 0 = the draft alone. */
     int spec_lookup_first;
+    /* With a draft model (or EAGLE head): a step's chain of drafts ends before a position where
+     * the draft's best token has a probability below this under the softmax of its own logits
+     * (temperature 1; over the token map when there is one): llama.cpp's --draft-p-min, EAGLE-2's
+     * observation that a draft's confidence predicts its acceptance. Judged before the draft's
+     * token is drawn, so sampled requests keep the target's distribution. 0 = drafts every position
+     * the adaptive length asks for. A request's speculative_p_min overrides it. */
+    float spec_p_min;
     /* The draft's vocabulary cut to the token ids listed in this file (a JSON array: SGLang's
      * --speculative-token-map, FR-Spec's frequency-ranked head): its LM head computes only those
      * rows, so a draft token costs less, and its drafts are only those tokens (the target still
@@ -277,6 +284,9 @@ struct request_params {
                                          server speculates (--speculative); default AUTO */
     int      speculative_n_max;       /* most drafts per step for this request (llama.cpp's
                                          speculative.n_max); 0 = the server's --spec-draft */
+    float    speculative_p_min;       /* the draft's least confidence to go on drafting (llama.cpp's
+                                         speculative.p_min, engine_options.spec_p_min) for this
+                                         request; < 0 (the default) = the server's --spec-p-min */
     /* Resuming a sample a journal recorded (server/journal.c, docs/reliability.md): its first
      * n_resume tokens are the ones it already generated (computed into the KV cache like a
      * preempted sample's, never emitted again; stop strings, the constraint and penalties see

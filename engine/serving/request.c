@@ -30,7 +30,7 @@ const char *finish_reason_name(enum finish_reason r)
 struct request_params request_params_default(void)
 {
     return (struct request_params){.sampling = sampling_params_default(), .max_tokens = 16,
-                                   .logprobs = -1, .prompt_logprobs = -1, .n = 1};
+                                   .logprobs = -1, .prompt_logprobs = -1, .n = 1, .speculative_p_min = -1.0f};
 }
 
 enum status speculative_mode_parse(const char *s, const char *field, enum speculative_mode *out)
@@ -67,6 +67,8 @@ static const struct request_limit limits[] = {
      " (or unset)"},
     {"sampling.speculative_n_max", INT_FIELD(speculative_n_max), 0, 32, C, C, 0, 0, 0, 0, 0,
      " (0 = the server's --spec-draft)"},
+    {"sampling.speculative_p_min", offsetof(struct request_params, speculative_p_min), REQUEST_FIELD_FLOAT, 0, 1, C, C,
+     0, 0, 0, 1, -1, " (or unset: the server's --spec-p-min)"},
 };
 
 #undef SAMPLING
@@ -126,6 +128,7 @@ enum status request_limits_check(const struct request_params *p, const struct re
         if (l->type == REQUEST_FIELD_FLOAT) {
             float f;
             memcpy(&f, at, sizeof f);
+            if (l->has_unset && f == (float)l->unset) continue;
             v = f;
         } else {
             int x;

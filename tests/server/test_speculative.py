@@ -153,8 +153,12 @@ def per_request(a):
             before = drafted()
             code, _ = post(dict(base, speculative="auto"))
             check(code == 200 and drafted() > before, "HTTP speculative auto: drafts")
+            code, _ = post(dict(base, **{"speculative.p_min": 0.5}))  # a draft model's; prompt lookup drafts on
+            check(code == 200, f"HTTP speculative.p_min 0.5: answered ({code})")
             for extra, name in (({"speculative": "maybe"}, "speculative"), ({"speculative": True}, "speculative"),
-                                ({"speculative.n_max": -2}, "speculative.n_max")):
+                                ({"speculative.n_max": -2}, "speculative.n_max"),
+                                ({"speculative.p_min": 1.5}, "speculative.p_min"),
+                                ({"speculative.p_min": "high"}, "speculative.p_min")):
                 code, body = post(dict(base, **extra))
                 msg = json.dumps(body)
                 check(code == 400 and name in msg, f"HTTP {extra} refused naming the field: {code} {msg[:160]}")

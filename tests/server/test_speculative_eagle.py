@@ -26,9 +26,13 @@ own final hidden states, which the engine captures from the target's forwards.
    (ggml's Q8_0 rounding, in NumPy): the best token in >= 95 % of them, the best logit within a
    relative 1e-2 at the median and 6e-2 at worst (the engine also rounds each product's input to
    int8; a matrix misplaced or misquantized is off by far more).
-5. Refusals at start-up, by name: a head without one of its tensors, with a tensor of the wrong
+5. --spec-p-min P (P the median of the head's best-token probabilities by the reference): greedy
+   tokens equal; no proposal below P drafted, some above it; a request's speculative_p_min 0 lifts
+   it, speculative_p_min 1.5 is INVALID_ARGUMENT naming the field.
+6. Refusals at start-up, by name: a head without one of its tensors, with a tensor of the wrong
    shape, for rotary of the other style; a target that cannot carry one (GPT-2's learned
-   positions, the golden random GPT-2); --speculative eagle without --draft-model (usage error).
+   positions, the golden random GPT-2); --speculative eagle without --draft-model, --spec-p-min
+   without a draft or outside [0, 1] (usage errors).
    (Targets whose layers are not Llama-style, Gemma 2 and a mixture of experts, carry the same
    Llama-style head: test_speculative_eagle_targets.py.)
 
@@ -267,13 +271,68 @@ def check_trace(check, ref, name, path):
           f"checked, largest logit difference {worst:.2e}, relative 1e-5 allowed; differing: {bad[:3]})")
 
 
-def greedy(srv, n_parallel):
+def greedy(srv, n_parallel, **kw):
     def one(i):
         with srv.client(timeout=120) as c:
-            g = c.generate(PROMPTS[i % len(PROMPTS)], max_tokens=40 + 7 * (i % 4), temperature=0)
+            g = c.generate(PROMPTS[i % len(PROMPTS)], max_tokens=40 + 7 * (i % 4), temperature=0, **kw)
             return tuple(g.completions[0].token_ids) if g.completions else g.text
     with cf.ThreadPoolExecutor(n_parallel) as ex:
         return list(ex.map(one, range(len(PROMPTS))))
+
+
+def p_min(a, np, ref, eagle, every, base, trace, tmp):
+    """--spec-p-min P, P the median of the head's best-token probabilities (the reference's softmax)
+    over the proposals traced without it: the greedy answers unchanged; no proposal whose
+    probability is below P is drafted (no proposal of the same step follows it with its token);
+    some above it are; a request's speculative_p_min 0 lifts the server's P (proposals below it are
+    drafted again); speculative_p_min 1.5 is refused naming the field."""
+    import grpc
+
+    def top(row):
+        real, _, _, tokens = row
+        lg = ref.propose(tokens, real)
+        e = np.exp(lg - lg.max())
+        return float(1.0 / e.sum())
+
+    probs = sorted(top(r) for r in parse_trace(trace))
+    P = probs[len(probs) // 2]
+    path = tmp / "trace-p-min.txt"
+    try:
+        with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", *eagle, "--spec-p-min", f"{P:.6f}",
+                       name="eagle-p-min", env=dict(every, SHARDLM_EAGLE_TRACE=str(path))) as srv:
+            answers = greedy(srv, 1)
+            n_server = len(parse_trace(path))
+            lifted = greedy(srv, 1, speculative_p_min=0.0)
+            with srv.client(timeout=60) as c:
+                try:
+                    c.generate(PROMPTS[0], max_tokens=4, speculative_p_min=1.5)
+                    check(False, "speculative_p_min 1.5 refused")
+                except grpc.RpcError as e:
+                    check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "speculative_p_min" in e.details(),
+                          f"speculative_p_min 1.5 refused naming the field: {e.code().name} {e.details()}")
+    finally:
+        TS.kill_all()
+    same = sum(u == v for u, v in zip(base[0], answers)) + sum(u == v for u, v in zip(base[0], lifted))
+    check(same == 2 * len(PROMPTS), f"--spec-p-min {P:.3f}: {same} of {2 * len(PROMPTS)} greedy answers equal")
+    rows = parse_trace(path)
+
+    def split(part):
+        keys = {(r[0], tuple(r[3])) for r in part}
+        below, above = [], []
+        for r in part:
+            p, followed = top(r), (r[0], tuple(r[3]) + (r[1],)) in keys
+            if p < P * (1 - 1e-3):
+                below.append(followed)
+            elif p > P * (1 + 1e-3):
+                above.append(followed)
+        return below, above
+    below, above = split(rows[:n_server])
+    check(len(below) >= 10 and not any(below) and sum(above) >= 5,
+          f"--spec-p-min {P:.3f}: {len(below)} proposals below it, {sum(below)} of them drafted (0 allowed); "
+          f"{sum(above)} of {len(above)} above it followed by a draft of the same step (>= 5)")
+    below, _ = split(rows[n_server:])
+    check(sum(below) >= 5, f"speculative_p_min 0 on that server: {sum(below)} of {len(below)} proposals below "
+          f"{P:.3f} drafted (>= 5)")
 
 
 def refuse(a, args, want, what):
@@ -304,10 +363,13 @@ def refusals(a, head, tmp, cfg):
     shutil.copy(Path(a.model) / "tokenizer.model", gpt2)
     refuse(a, ["--model", str(gpt2), "--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors")],
            ["--speculative eagle", "cannot carry an EAGLE head", "positions are learned"], "an EAGLE head on GPT-2")
-    p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--speculative", "eagle", "--listen", "127.0.0.1:0"],
-                       capture_output=True, text=True, timeout=60)
-    check(p.returncode == 2 and "--speculative eagle needs --draft-model" in p.stderr,
-          f"--speculative eagle without --draft-model: usage error (rc {p.returncode})")
+    for args, want in ((["--speculative", "eagle"], "--speculative eagle needs --draft-model"),
+                       (["--speculative", "ngram", "--spec-p-min", "0.5"], "--spec-p-min needs --draft-model"),
+                       (["--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors"), "--spec-p-min", "2"],
+                        "--spec-p-min must be a number in [0, 1]")):
+        p = subprocess.run([a.shardlm, "serve", "--model", a.model, *args, "--listen", "127.0.0.1:0"],
+                           capture_output=True, text=True, timeout=60)
+        check(p.returncode == 2 and want in p.stderr, f"{' '.join(args)}: usage error naming it (rc {p.returncode})")
 
 
 def long_prompt(np, a, tmp):
@@ -453,6 +515,7 @@ def main():
     check(len(rows8) >= 50 and agree >= 0.95 * len(rows8) and med < 1e-2 and worst8 < 6e-2,
           f"the Q8_0 head: {agree} of {len(rows8)} proposals' best token equal to the reference with the quantized "
           f"weights (>= 95 %), relative logit difference median {med:.1e} (< 1e-2), largest {worst8:.1e} (< 6e-2)")
+    p_min(a, np, ref, eagle, every, base, trace, tmp)
     if a.gguf and os.path.exists(a.gguf):
         long_prompt(np, a, tmp)
     else:

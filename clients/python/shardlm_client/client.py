@@ -161,7 +161,8 @@ def sampling_params(*, max_tokens: Optional[int] = None, temperature: Optional[f
                     json_schema: Optional[Union[str, dict]] = None, json_object: bool = False,
                     regex: Optional[str] = None, grammar: Optional[str] = None,
                     choice: Optional[Sequence[str]] = None, speculative: str = "",
-                    speculative_n_max: int = 0, show_special_tokens: bool = False) -> "pb.SamplingParams":
+                    speculative_n_max: int = 0, speculative_p_min: Optional[float] = None,
+                    show_special_tokens: bool = False) -> "pb.SamplingParams":
     """Builds SamplingParams; None leaves a field unset (the server's default applies). At most one
     of json_schema (a dict or its JSON text), json_object, regex, grammar (GBNF) and choice
     constrains the output (SamplingParams.constraint)."""
@@ -172,7 +173,7 @@ def sampling_params(*, max_tokens: Optional[int] = None, temperature: Optional[f
                           show_special_tokens=show_special_tokens)
     for name, value in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
                         ("repetition_penalty", repetition_penalty), ("seed", seed), ("logprobs", logprobs),
-                        ("prompt_logprobs", prompt_logprobs), ("n", n)):
+                        ("prompt_logprobs", prompt_logprobs), ("n", n), ("speculative_p_min", speculative_p_min)):
         if value is not None:
             setattr(s, name, value)
     if isinstance(json_schema, dict):
