@@ -98,6 +98,13 @@ static int32_t draft_pick(struct conductor *c, struct seq *s, const float *row, 
     const int V = c->m->cfg.vocab_size;
     float *lg = c->scratch + V;
     const int n_out = s->n_generated + k;
+    const struct sampling_params *p = &r->p.sampling;
+    /* A greedy row that nothing below would change (no logit bias, no min_tokens ban, no penalty,
+     * no constraint): its argmax as it is, without the vocabulary-wide passes (q stays unused:
+     * greedy drafts are one-hot). */
+    if (p->temperature == 0.0f && !r->grammar && !r->p.n_logit_bias && n_out >= r->p.min_tokens &&
+        p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f)
+        return draft_argmax(&c->draft, row);
     sampling_logits(c, s, row, n_out, lg);
     if (r->grammar && constraint_mask(c, s, lg) <= 0) return -1;
     struct sampling_params sp = r->p.sampling;

@@ -323,6 +323,8 @@ enum status draft_token_map(struct draft *d, const char *path)
         if (st != STATUS_OK) return st;
         pack_rows8(&d->head, qt, d->head_packed);
     }
+    /* Each sequence's row holds -Inf outside the map from now on: draft_run writes only the map's ids. */
+    for (size_t i = 0; i < (size_t)d->n_slots * (size_t)V; i++) d->logits[i] = -INFINITY;
     LOG_INFO(MODULE, "draft model: head cut to the %d tokens of %s (of %d)", d->n_map, path, V);
     return STATUS_OK;
 }
@@ -459,8 +461,7 @@ enum status draft_run(struct draft *d, struct seq *const *seqs, int n)
                 memcpy(dst, src, V * sizeof *dst);
                 continue;
             }
-            for (size_t t = 0; t < V; t++) dst[t] = -INFINITY;
-            for (int t = 0; t < d->n_map; t++) dst[d->map[t]] = src[t];
+            for (int t = 0; t < d->n_map; t++) dst[d->map[t]] = src[t]; /* -Inf elsewhere: draft_token_map */
         }
         for (int i = 0, q = 0; i < n && q < n_seqs; i++) {
             const struct seq *s = seqs[i];
@@ -479,6 +480,17 @@ void draft_rollback(struct draft *d, const struct seq *s, int n_valid)
 {
     const int k = s->draft_slot - 1;
     if (k >= 0 && d->owner[k] == s && d->n_cached[k] > n_valid) d->n_cached[k] = n_valid;
+}
+
+int32_t draft_argmax(const struct draft *d, const float *row)
+{
+    const int n = d->n_map ? d->n_map : d->m->cfg.vocab_size;
+    int32_t best = d->n_map ? d->map[0] : 0;
+    for (int i = 1; i < n; i++) {
+        const int32_t t = d->n_map ? d->map[i] : i;
+        if (row[t] > row[best]) best = t;
+    }
+    return best;
 }
 
 float draft_top_prob(const struct draft *d, const float *row)

@@ -110,6 +110,9 @@ int         draft_claim(struct draft *d, struct seq *s, int extra);
  * in d->logits + i * vocab (-Inf outside the token map) and whether they are finite (over the
  * map) in d->row_ok[i]. Every seqs[i] holds a slot (draft_claim). */
 enum status draft_run(struct draft *d, struct seq *const *seqs, int n);
+/* The first id of a row of draft_run's logits with the row's largest logit (over the token map's
+ * ids when there is one: -Inf elsewhere, and the map ascending, so the same id as over the whole row). */
+int32_t     draft_argmax(const struct draft *d, const float *row);
 /* The largest probability of the softmax (temperature 1) of a row of draft_run's logits, over the
  * token map's ids when there is one: how sure the draft is of its best token there (--spec-p-min). */
 float       draft_top_prob(const struct draft *d, const float *row);
