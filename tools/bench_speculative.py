@@ -12,7 +12,7 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
 
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
-      [--spec-draft 4] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
+      [--spec-draft 4] [--spec-p-min P] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
       [--token-map MAP.json] [--eagle HEAD.safetensors ...] [--lookup-first] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
       --llama-draft DRAFT.gguf]
       [--batches 1,16] [--open] [--rounds N] [--serve-arg=ARG ...] [--temperature T] [--json-schema TEXT]
@@ -157,6 +157,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spec-draft", type=int, default=4)
+    ap.add_argument("--spec-p-min", type=float, default=None, help="the servers with a draft model or EAGLE head "
+                    "take --spec-p-min P (prompt lookup alone does not)")
     ap.add_argument("--spec-max-batch", type=int, default=None, help="the server's --spec-max-batch (default: its own)")
     ap.add_argument("--llama-lookup", help="llama.cpp's llama-lookup, run on the same file and questions")
     ap.add_argument("--draft-model", action="append", default=[], help="also speculate with this draft model")
@@ -205,6 +207,8 @@ def main():
     if a.spec_max_batch is not None:
         spec += ["--spec-max-batch", str(a.spec_max_batch)]
     configs = [("none", []), ("ngram", ["--speculative", "ngram", *spec])]
+    if a.spec_p_min is not None:  # a draft's or head's threshold: not prompt lookup's
+        spec = [*spec, "--spec-p-min", str(a.spec_p_min)]
     if a.llama_speculative and not a.llama_draft:
         ap.error("--llama-speculative needs --llama-draft FILE.gguf")
     if a.llama_draft and a.llama_draft not in a.draft_model:
@@ -248,6 +252,13 @@ def main():
     if a.rounds > 1:
         for (name, parallel), v in speeds.items():
             print(f"{name}, batch {parallel}: rounds " + " / ".join(f"{x:.1f}" for x in v) + " tok/s (the best kept)")
+        # This VM's speed moves between minutes: each round's ratio to the same round's server
+        # without speculation (started just before) is steadier than the best of each.
+        for (name, parallel), v in speeds.items():
+            if name != "none":
+                r = sorted(x / y for x, y in zip(v, speeds[("none", parallel)]))
+                print(f"{name}, batch {parallel}: ratio to the same round's server without speculation " +
+                      " / ".join(f"{x:.2f}x" for x in r) + f", median {r[len(r) // 2] if len(r) % 2 else (r[len(r) // 2 - 1] + r[len(r) // 2]) / 2:.2f}x")
     for name, _ in configs[1:]:
         for parallel in batches:
             (a0, n0, t0), (a1, n1, t1) = out[("none", parallel)], out[(name, parallel)]

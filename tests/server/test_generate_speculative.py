@@ -87,11 +87,18 @@ def main():
     counts = gen(a, PROMPTS[0], "--draft-model", str(small))[2]  # serve's spelling: --draft-model alone
     n = counts[0] - counts[1] if counts else 0
     check(n > 0, f"the 2-layer draft: {n} drafts rejected for {PROMPTS[0]!r} (rejection exercised)")
+    every = gen(a, PROMPTS[0], "--draft-model", a.model)[2]
+    rc, out, sure, err = gen(a, PROMPTS[0], "--draft-model", a.model, "--spec-p-min", "0.9")
+    check(rc == 0 and out == gen(a, PROMPTS[0])[1] and sure is not None and every and 0 < sure[0] < every[0],
+          f"--spec-p-min 0.9, the model itself as draft: stdout equal to plain generate, drafts verified / accepted "
+          f"{sure} against {every} without it (fewer: the positions where the draft is unsure are not drafted)")
     for extra, want in ((["--speculative", "draft"], "--speculative draft needs --draft-model"),
                         (["--speculative", "ngram", "--draft-model", a.model], "--draft-model cannot be combined"),
                         (["--speculative", "eagle"], "--speculative eagle needs --draft-model"),
                         (["--speculative", "medusa"], "--speculative must be ngram"),
-                        (["--spec-ngram", "3"], "--spec-ngram needs --speculative ngram, or a draft")):
+                        (["--spec-ngram", "3"], "--spec-ngram needs --speculative ngram, or a draft"),
+                        (["--speculative", "ngram", "--spec-p-min", "0.5"], "--spec-p-min needs --draft-model"),
+                        (["--draft-model", a.model, "--spec-p-min", "1.5"], "--spec-p-min must be a number in [0, 1]")):
         rc, _, _, err = gen(a, "x", *extra)
         check(rc == 2 and want in err, f"generate {' '.join(extra)}: usage error (rc {rc}) naming it: {want!r}")
     p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--speculative", "draft", "--listen", "127.0.0.1:0"],
