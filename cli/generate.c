@@ -47,12 +47,12 @@ struct generate_flags {
     long max_tokens, threads, seed, tp, pp, ep;
     int add_bos;
     /* Speculative decoding, serve's flags: --speculative ngram | draft | eagle, --draft-model PATH,
-     * --spec-token-map FILE, --spec-draft K, --spec-ngram N, --spec-p-min P. spec_mode 0: none, 1: ngram, 2: draft
+     * --spec-token-map FILE, --spec-draft K, --spec-ngram N, --spec-ngram-min M, --spec-p-min P. spec_mode 0: none, 1: ngram, 2: draft
      * (eagle: an EAGLE head). */
     int spec_mode;
     const char *draft_model, *token_map;
     int eagle; /* --speculative eagle: draft_model is an EAGLE head */
-    long spec_draft, spec_ngram;
+    long spec_draft, spec_ngram, spec_ngram_min;
     float spec_p_min; /* -1: not given */
     struct generate_options o; /* sampling (temperature 0 unless given), max_tokens, ignore_eos */
 };
@@ -81,6 +81,7 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         else if (!strcmp(a, "--spec-token-map")) f->token_map = v;
         else if (!strcmp(a, "--spec-draft")) { if (base_parse_long(v, 1, 32, &f->spec_draft)) return cli_usage("--spec-draft must be an integer in [1, 32], got '%s'", v); }
         else if (!strcmp(a, "--spec-ngram")) { if (base_parse_long(v, 2, 16, &f->spec_ngram)) return cli_usage("--spec-ngram must be an integer in [2, 16], got '%s'", v); }
+        else if (!strcmp(a, "--spec-ngram-min")) { if (base_parse_long(v, 1, 16, &f->spec_ngram_min)) return cli_usage("--spec-ngram-min must be an integer in [1, 16], got '%s'", v); }
         else if (!strcmp(a, "--spec-p-min")) { if (base_parse_float(v, &f->spec_p_min) || !(f->spec_p_min >= 0.0f && f->spec_p_min <= 1.0f)) return cli_usage("--spec-p-min must be a number in [0, 1], got '%s'", v); }
         else if (!strcmp(a, "--model")) f->model_dir = v;
         else if (!strcmp(a, "--prompt")) f->prompt = v;
@@ -108,6 +109,14 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
                          "one or the other%s", "");
     if (f->spec_ngram && !f->spec_mode)
         return cli_usage("generate: --spec-ngram needs --speculative ngram, or a draft (prompt lookup first)%s", "");
+    if (f->spec_ngram_min && f->spec_mode != 1 && !f->spec_ngram)
+        return cli_usage("generate: --spec-ngram-min needs prompt lookup (--speculative ngram, or --spec-ngram beside a "
+                         "draft)%s", "");
+    if (f->spec_ngram_min > (f->spec_ngram ? f->spec_ngram : 3)) {
+        char why[96];
+        snprintf(why, sizeof why, "%ld is above --spec-ngram %ld", f->spec_ngram_min, f->spec_ngram ? f->spec_ngram : 3L);
+        return cli_usage("generate: --spec-ngram-min %s", why);
+    }
     if (f->token_map && f->spec_mode != 2) return cli_usage("generate: --spec-token-map needs --draft-model PATH%s", "");
     if (f->spec_p_min >= 0.0f && f->spec_mode != 2)
         return cli_usage("generate: --spec-p-min needs --draft-model PATH (prompt lookup's drafts have no probability)%s", "");
@@ -232,6 +241,7 @@ static int generate_speculative(const struct generate_flags *f)
     o.max_seqs = 1 + o.spec_draft;
     o.kv_cache_blocks = (int)((strlen(f->prompt) + 2 + (size_t)f->o.max_tokens + (size_t)o.spec_draft + 15) / 16) + 1;
     o.spec_ngram = (int)f->spec_ngram;
+    o.spec_ngram_min = (int)f->spec_ngram_min;
     o.spec_max_batch = 1;
     o.draft_model_dir = f->spec_mode == 2 ? f->draft_model : NULL;
     o.draft_token_map = f->token_map;

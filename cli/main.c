@@ -51,7 +51,7 @@ static void print_help(FILE *f)
             "  shardlm generate --model DIR|FILE.gguf [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
             "                   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
             "                   [--device cpu|cuda] [--threads N] [--no-bos] [--tp T --ep E --pp P]\n"
-            "                   [--pp-layers N1,N2,...] [--speculative ngram [--spec-ngram N] |\n"
+            "                   [--pp-layers N1,N2,...] [--speculative ngram [--spec-ngram N] [--spec-ngram-min M] |\n"
             "                   --speculative draft|eagle --draft-model PATH [--spec-token-map FILE] [--spec-ngram N]\n"
             "                   [--spec-p-min P]]\n"
             "                   [--spec-draft K]\n"

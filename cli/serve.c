@@ -128,10 +128,11 @@ static int usage(const char *fmt, const char *arg)
                     "  --max-seqs N   samples (sequences) running at once [64]\n"
                     "  --batch-invariant  a request's tokens never depend on the batch around it, also with\n"
                     "                 block-quantized (GGUF) weights, at some prefill speed (docs/determinism.md)\n"
-                    "  --speculative ngram [--spec-draft K (5)] [--spec-ngram N (3)] [--spec-max-batch B (4)]\n"
+                    "  --speculative ngram [--spec-draft K (5)] [--spec-ngram N (3)] [--spec-ngram-min M (2)]\n"
+                    "                 [--spec-max-batch B (4)]\n"
                     "                 prompt-lookup speculative decoding (greedy and sampled requests, the\n"
                     "                 output distribution unchanged): up to K drafted tokens per step, copied\n"
-                    "                 from after the latest earlier match of the last N (down to 2) tokens,\n"
+                    "                 from after the latest earlier match of the last N (down to M) tokens,\n"
                     "                 verified by the model, while at most B sequences run; the draft length\n"
                     "                 adapts to each sequence's acceptance (docs/speculative.md)\n"
                     "  [--speculative draft] --draft-model PATH  speculative decoding with a small draft model\n"
@@ -298,6 +299,9 @@ int serve_main(int argc, char **argv)
             if (base_parse_long(v, 2, 16, &n)) return usage("--spec-ngram must be an integer in [2, 16], got '%s'", v);
             o.engine.spec_ngram = (int)n;
             ngram_given = 1;
+        } else if (!strcmp(a, "--spec-ngram-min")) {
+            if (base_parse_long(v, 1, 16, &n)) return usage("--spec-ngram-min must be an integer in [1, 16], got '%s'", v);
+            o.engine.spec_ngram_min = (int)n;
         } else if (!strcmp(a, "--spec-p-min")) {
             double p_min;
             if (number_in(v, 0, 1, &p_min)) return usage("--spec-p-min must be a number in [0, 1], got '%s'", v);
@@ -435,6 +439,15 @@ int serve_main(int argc, char **argv)
         return usage("--speculative %s needs --draft-model PATH", o.engine.draft_eagle ? "eagle" : "draft");
     if (o.engine.draft_token_map && !o.engine.draft_model_dir)
         return usage("--spec-token-map needs --draft-model PATH (it cuts the draft's head)%s", "");
+    if (o.engine.spec_ngram_min && !prompt_lookup && !ngram_given)
+        return usage("--spec-ngram-min needs prompt lookup (--speculative ngram, or --spec-ngram beside --draft-model)%s",
+                     "");
+    if (o.engine.spec_ngram_min && o.engine.spec_ngram_min > (o.engine.spec_ngram ? o.engine.spec_ngram : 3)) {
+        char why[96];
+        snprintf(why, sizeof why, "%d is above --spec-ngram %d", o.engine.spec_ngram_min,
+                 o.engine.spec_ngram ? o.engine.spec_ngram : 3);
+        return usage("--spec-ngram-min %s", why);
+    }
     if (p_min_given && !o.engine.draft_model_dir)
         return usage("--spec-p-min needs --draft-model PATH (prompt lookup's drafts have no probability)%s", "");
     if (prompt_lookup && o.engine.draft_model_dir)

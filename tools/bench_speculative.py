@@ -12,7 +12,7 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
 
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
-      [--spec-draft 4] [--spec-p-min P] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
+      [--spec-draft 4] [--spec-p-min P] [--spec-ngram-min M[,M2...]] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
       [--token-map MAP.json] [--eagle HEAD.safetensors ...] [--lookup-first] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
       --llama-draft DRAFT.gguf]
       [--batches 1,16] [--open] [--rounds N] [--serve-arg=ARG ...] [--temperature T] [--json-schema TEXT]
@@ -157,6 +157,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spec-draft", type=int, default=4)
+    ap.add_argument("--spec-ngram-min", default=None, help="the servers with prompt lookup take --spec-ngram-min M "
+                    "(the shortest match; 2 by default); M1,M2,...: prompt lookup alone is also run with each "
+                    "further M")
     ap.add_argument("--spec-p-min", type=float, default=None, help="the servers with a draft model or EAGLE head "
                     "take --spec-p-min P (prompt lookup alone does not)")
     ap.add_argument("--spec-max-batch", type=int, default=None, help="the server's --spec-max-batch (default: its own)")
@@ -206,7 +209,11 @@ def main():
     spec = ["--spec-draft", str(a.spec_draft)]
     if a.spec_max_batch is not None:
         spec += ["--spec-max-batch", str(a.spec_max_batch)]
-    configs = [("none", []), ("ngram", ["--speculative", "ngram", *spec])]
+    mins = [int(m) for m in a.spec_ngram_min.split(",")] if a.spec_ngram_min else []
+    look = ["--spec-ngram-min", str(mins[0])] if mins else []
+    configs = [("none", []), ("ngram", ["--speculative", "ngram", *spec, *look])]
+    configs += [(f"ngram, matches down to {m}", ["--speculative", "ngram", *spec, "--spec-ngram-min", str(m)])
+                for m in mins[1:]]
     if a.spec_p_min is not None:  # a draft's or head's threshold: not prompt lookup's
         spec = [*spec, "--spec-p-min", str(a.spec_p_min)]
     if a.llama_speculative and not a.llama_draft:
@@ -220,10 +227,10 @@ def main():
     cut = ["--spec-token-map", a.token_map] if a.token_map else []
     configs += [("eagle " + h, ["--speculative", "eagle", "--draft-model", h, *cut, *spec]) for h in a.eagle]
     if a.lookup_first:
-        configs += [(f"ngram + draft {d}", ["--speculative", "draft", "--draft-model", d, "--spec-ngram", "3", *spec])
-                    for d in a.draft_model]
+        configs += [(f"ngram + draft {d}", ["--speculative", "draft", "--draft-model", d, "--spec-ngram", "3", *look,
+                                            *spec]) for d in a.draft_model]
         configs += [(f"ngram + eagle {h}", ["--speculative", "eagle", "--draft-model", h, *cut, "--spec-ngram", "3",
-                                             *spec]) for h in a.eagle]
+                                             *look, *spec]) for h in a.eagle]
     speeds = {}  # (name, batch) -> tok/s of each round
     try:
         for rnd in range(a.rounds):

@@ -67,13 +67,13 @@ static float draft_p_min(const struct conductor *c, const struct request *r)
     return r->p.speculative_p_min >= 0.0f ? r->p.speculative_p_min : c->o.spec_p_min;
 }
 
-/* The tokens that followed the latest earlier occurrence of s's last n tokens (n from spec_ngram
- * down to 2), at most max of them, into out; their count. */
-static int lookup_draft(const struct seq *s, int ngram, int max, int32_t *out)
+/* The tokens that followed the latest earlier occurrence of s's last n tokens (n from ngram down
+ * to ngram_min), at most max of them, into out; their count. */
+static int lookup_draft(const struct seq *s, int ngram, int ngram_min, int max, int32_t *out)
 {
     const int32_t *t = s->tokens;
     const int n_tok = s->n_tokens;
-    for (int n = ngram; n >= 2; n--) {
+    for (int n = ngram; n >= ngram_min; n--) {
         if (n_tok <= n) continue;
         const int32_t *tail = t + n_tok - n;
         for (int at = n_tok - n - 1; at >= 0; at--) {
@@ -248,6 +248,7 @@ void speculate(struct conductor *c)
     int budget = c->max_logits - 64 - sc->n_running, rows = c->o.max_batch_tokens - sc->n_running;
     if (rows < budget) budget = rows;
     const int ngram = c->o.spec_ngram > 0 ? c->o.spec_ngram : 3;
+    const int ngram_min = c->o.spec_ngram_min > 0 ? c->o.spec_ngram_min : 2;
     struct seq *ds[DRAFT_MAX_SLOTS];
     int want[DRAFT_MAX_SLOTS], n_ds = 0;
     for (int i = 0; i < sc->n_running && budget > 0; i++) {
@@ -271,7 +272,7 @@ void speculate(struct conductor *c)
         if (max <= 0) continue;
         /* prompt lookup (room: n_prompt + max_tokens + 1), alone or first; the draft model where it
          * finds nothing */
-        const int k = !c->draft.m || c->o.spec_lookup_first ? lookup_draft(s, ngram, max, s->tokens + s->n_tokens) : 0;
+        const int k = !c->draft.m || c->o.spec_lookup_first ? lookup_draft(s, ngram, ngram_min, max, s->tokens + s->n_tokens) : 0;
         if (k > 0 || !c->draft.m) {
             s->n_tokens += k;
             s->n_draft = k;

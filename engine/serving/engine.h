@@ -73,13 +73,15 @@ struct engine_options {
     int   scheduling;          /* enum scheduling_policy; 0 = SCHEDULING_FCFS */
     /* Speculative decoding by prompt lookup (draftless n-gram, docs/speculative.md): each step a
      * decoding sequence appends up to spec_draft tokens (fewer under its adaptive length) that
-     * followed the latest earlier occurrence of its last spec_ngram (down to 2) tokens, and the
-     * step verifies them by sampling the target's own tokens from their rows; the output's
+     * followed the latest earlier occurrence of its last spec_ngram (down to spec_ngram_min)
+     * tokens, and the step verifies them by sampling the target's own tokens from their rows; the output's
      * distribution (and a seeded sample's tokens) do not change. 0 = off. Requests with
      * speculative "off" never draft (spec_draft > 0 turns the device-greedy path off); constrained ones do (their
      * grammar matcher advances only by the tokens taken). */
     int   spec_draft;
     int   spec_ngram;          /* 0 = 3 */
+    int   spec_ngram_min;      /* the shortest match prompt lookup tries (vLLM's prompt_lookup_min),
+                                  in [1, spec_ngram]; 0 = 2 */
     int   spec_max_batch;      /* draft only while at most this many sequences run (a full batch
                                   already keeps the cores busy: verifying drafts there costs more
                                   than it saves); 0 = 4 */

@@ -4,12 +4,15 @@
 the serving engine. Greedy stdout (prompt and completion) must equal plain `generate`'s, whose
 one-sequence loop (engine/serving/generate.c) does not speculate, for several prompts: with
 stories260K itself as draft (every draft accepted), with stories260K cut to 2 layers (mostly
-rejected), with prompt lookup, with prompt lookup first and the 2-layer draft, with prompt lookup where greedy tokens would be picked on the
+rejected), with prompt lookup (and down to one-token matches, --spec-ngram-min 1), with prompt lookup
+first and the 2-layer draft, with prompt lookup where greedy tokens would be picked on the
 device (SHARDLM_DEVICE_SAMPLING=1: that path is turned off, it never drafts), and under mpirun at tp 2 and pp 2 with the 2-layer draft. The
-counts on stderr must show drafts verified (and for the 2-layer draft some rejected). Refusals:
---speculative draft without --draft-model and --draft-model with --speculative ngram are usage
+counts on stderr must show drafts verified (and for the 2-layer draft some rejected); --spec-p-min
+0.9 with the model as its own draft verifies fewer drafts, same text. Refusals:
+--speculative draft without --draft-model, --draft-model with --speculative ngram, --spec-p-min
+without a draft or above 1, --spec-ngram-min without prompt lookup or above --spec-ngram are usage
 errors (exit 2) naming the flags; a draft of another vocabulary fails naming both sizes; serve
-refuses --speculative draft without --draft-model too.
+refuses --speculative draft without --draft-model and the --spec-ngram-min cases too.
 
   test_generate_speculative.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K [--other-vocab GGUF]
 SKIP (77) without the model or numpy (the 2-layer draft is written with it).
@@ -62,6 +65,7 @@ def main():
     arms = [("itself as draft", ["--speculative", "draft", "--draft-model", a.model], ()),
             ("the 2-layer draft", ["--speculative", "draft", "--draft-model", str(small)], ()),
             ("prompt lookup", ["--speculative", "ngram"], ()),
+            ("prompt lookup down to one-token matches", ["--speculative", "ngram", "--spec-ngram-min", "1"], ()),
             ("prompt lookup first, the 2-layer draft", ["--draft-model", str(small), "--spec-ngram", "2"], ())]
     if shutil.which("mpirun"):
         arms += [(f"{s} 2, the 2-layer draft", [f"--{s}", "2", "--draft-model", str(small), "--spec-draft", "3"], MPI)
@@ -87,6 +91,9 @@ def main():
     counts = gen(a, PROMPTS[0], "--draft-model", str(small))[2]  # serve's spelling: --draft-model alone
     n = counts[0] - counts[1] if counts else 0
     check(n > 0, f"the 2-layer draft: {n} drafts rejected for {PROMPTS[0]!r} (rejection exercised)")
+    two, one = (gen(a, PROMPTS[0], "--speculative", "ngram", "--spec-ngram-min", m)[2] for m in ("2", "1"))
+    check(two and one and one[0] > two[0], f"--spec-ngram-min 1: more drafts from one-token matches ({one} against "
+          f"{two} verified / accepted)")
     every = gen(a, PROMPTS[0], "--draft-model", a.model)[2]
     rc, out, sure, err = gen(a, PROMPTS[0], "--draft-model", a.model, "--spec-p-min", "0.9")
     check(rc == 0 and out == gen(a, PROMPTS[0])[1] and sure is not None and every and 0 < sure[0] < every[0],
@@ -98,13 +105,18 @@ def main():
                         (["--speculative", "medusa"], "--speculative must be ngram"),
                         (["--spec-ngram", "3"], "--spec-ngram needs --speculative ngram, or a draft"),
                         (["--speculative", "ngram", "--spec-p-min", "0.5"], "--spec-p-min needs --draft-model"),
+                        (["--spec-ngram-min", "1"], "--spec-ngram-min needs prompt lookup"),
+                        (["--speculative", "ngram", "--spec-ngram", "2", "--spec-ngram-min", "3"],
+                         "--spec-ngram-min 3 is above --spec-ngram 2"),
                         (["--draft-model", a.model, "--spec-p-min", "1.5"], "--spec-p-min must be a number in [0, 1]")):
         rc, _, _, err = gen(a, "x", *extra)
         check(rc == 2 and want in err, f"generate {' '.join(extra)}: usage error (rc {rc}) naming it: {want!r}")
-    p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--speculative", "draft", "--listen", "127.0.0.1:0"],
-                       capture_output=True, text=True, timeout=60)
-    check(p.returncode == 2 and "--speculative draft needs --draft-model" in p.stderr,
-          f"serve --speculative draft without --draft-model: usage error (rc {p.returncode})")
+    for extra, want in ((["--speculative", "draft"], "--speculative draft needs --draft-model"),
+                        (["--spec-ngram-min", "1"], "--spec-ngram-min needs prompt lookup"),
+                        (["--speculative", "ngram", "--spec-ngram-min", "4"], "--spec-ngram-min 4 is above --spec-ngram 3")):
+        p = subprocess.run([a.shardlm, "serve", "--model", a.model, *extra, "--listen", "127.0.0.1:0"],
+                           capture_output=True, text=True, timeout=60)
+        check(p.returncode == 2 and want in p.stderr, f"serve {' '.join(extra)}: usage error (rc {p.returncode}) naming it")
     if a.other_vocab and os.path.exists(a.other_vocab):
         rc, _, _, err = gen(a, "x", "--speculative", "draft", "--draft-model", a.other_vocab)
         check(rc != 0 and "vocabulary 49152 vs 512" in err,
