@@ -12,10 +12,10 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
 
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
-      [--spec-draft 4] [--spec-p-min P] [--spec-ngram-min M[,M2...]] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
+      [--spec-draft 4] [--spec-p-min P[,P2...]] [--spec-ngram-min M[,M2...]] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
       [--token-map MAP.json] [--eagle HEAD.safetensors ...] [--lookup-first] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
       --llama-draft DRAFT.gguf]
-      [--batches 1,16] [--open] [--rounds N] [--serve-arg=ARG ...] [--temperature T] [--json-schema TEXT]
+      [--batches 1,16] [--open] [--rounds N] [--only NAME,...] [--serve-arg=ARG ...] [--temperature T] [--json-schema TEXT]
       [--generate]
       [--ranks N --serve-arg=--tp --serve-arg=2]
 
@@ -157,11 +157,14 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spec-draft", type=int, default=4)
+    ap.add_argument("--only", help="run only the speculative servers whose names start with one of these "
+                    "(comma-separated: ngram, eagle, draft, ngram + eagle, ...) beside the one without")
     ap.add_argument("--spec-ngram-min", default=None, help="the servers with prompt lookup take --spec-ngram-min M "
                     "(the shortest match; 2 by default); M1,M2,...: prompt lookup alone is also run with each "
                     "further M")
-    ap.add_argument("--spec-p-min", type=float, default=None, help="the servers with a draft model or EAGLE head "
-                    "take --spec-p-min P (prompt lookup alone does not)")
+    ap.add_argument("--spec-p-min", default=None, help="the servers with a draft model or EAGLE head take "
+                    "--spec-p-min P (prompt lookup alone does not); P1,P2,...: each of them is also run with each "
+                    "further P")
     ap.add_argument("--spec-max-batch", type=int, default=None, help="the server's --spec-max-batch (default: its own)")
     ap.add_argument("--llama-lookup", help="llama.cpp's llama-lookup, run on the same file and questions")
     ap.add_argument("--draft-model", action="append", default=[], help="also speculate with this draft model")
@@ -214,8 +217,9 @@ def main():
     configs = [("none", []), ("ngram", ["--speculative", "ngram", *spec, *look])]
     configs += [(f"ngram, matches down to {m}", ["--speculative", "ngram", *spec, "--spec-ngram-min", str(m)])
                 for m in mins[1:]]
-    if a.spec_p_min is not None:  # a draft's or head's threshold: not prompt lookup's
-        spec = [*spec, "--spec-p-min", str(a.spec_p_min)]
+    p_mins = a.spec_p_min.split(",") if a.spec_p_min else []
+    if p_mins:  # a draft's or head's threshold: not prompt lookup's
+        spec = [*spec, "--spec-p-min", p_mins[0]]
     if a.llama_speculative and not a.llama_draft:
         ap.error("--llama-speculative needs --llama-draft FILE.gguf")
     if a.llama_draft and a.llama_draft not in a.draft_model:
@@ -231,6 +235,12 @@ def main():
                                             *spec]) for d in a.draft_model]
         configs += [(f"ngram + eagle {h}", ["--speculative", "eagle", "--draft-model", h, *cut, "--spec-ngram", "3",
                                              *look, *spec]) for h in a.eagle]
+    for p in p_mins[1:]:  # each draft or head server again with each further threshold
+        configs += [(f"{name}, p_min {p}", [*flags[:-1], p]) for name, flags in configs
+                    if flags[-2:] == ["--spec-p-min", p_mins[0]]]
+    if a.only:  # the server without speculation always runs: every ratio is to it
+        keep = [k.strip() for k in a.only.split(",")]
+        configs = [c for c in configs if c[0] == "none" or any(c[0].startswith(k) for k in keep)]
     speeds = {}  # (name, batch) -> tok/s of each round
     try:
         for rnd in range(a.rounds):

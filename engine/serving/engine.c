@@ -57,6 +57,11 @@ static enum status resolve_options(const struct engine_options *opt, struct engi
     if (!(o.verify_prefix_cache >= 0 && o.verify_prefix_cache <= 1))
         return status_errorf(STATUS_INVALID_ARGUMENT, "verify_prefix_cache must be a fraction in [0, 1], got %g",
                              o.verify_prefix_cache);
+    if (!(o.spec_p_min >= 0 && o.spec_p_min <= 1))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "spec_p_min must be in [0, 1], got %g", (double)o.spec_p_min);
+    if (o.spec_ngram_min < 0 || o.spec_ngram_min > (o.spec_ngram > 0 ? o.spec_ngram : 3))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "spec_ngram_min must be in [0 (= 2), spec_ngram %d], got %d",
+                             o.spec_ngram > 0 ? o.spec_ngram : 3, o.spec_ngram_min);
     if (o.scheduling < SCHEDULING_FCFS || o.scheduling > SCHEDULING_PRIORITY)
         return status_errorf(STATUS_INVALID_ARGUMENT, "scheduling must be fcfs (0), fair (1) or priority (2), got %d",
                              o.scheduling);
