@@ -544,6 +544,24 @@ static void test_kv_fraction(const char *dir)
     check(st == STATUS_INVALID_ARGUMENT && strstr(status_message(), "kv_cache_fraction"), "a fraction above 0.95 is refused",
           "%s", status_message());
     engine_free(e);
+    /* Speculation's knobs, for callers that do not go through the CLI's checks. */
+    o = engine_options_default();
+    o.model_dir = dir;
+    o.spec_draft = 4;
+    o.spec_p_min = 1.5f;
+    e = NULL;
+    st = engine_create(&o, &e);
+    check(st == STATUS_INVALID_ARGUMENT && strstr(status_message(), "spec_p_min must be in [0, 1]"),
+          "spec_p_min 1.5 is refused", "%s", status_message());
+    engine_free(e);
+    o.spec_p_min = 0.0f;
+    o.spec_ngram = 2;
+    o.spec_ngram_min = 3;
+    e = NULL;
+    st = engine_create(&o, &e);
+    check(st == STATUS_INVALID_ARGUMENT && strstr(status_message(), "spec_ngram_min"),
+          "spec_ngram_min above spec_ngram is refused", "%s", status_message());
+    engine_free(e);
 }
 
 struct waiter { struct result r; };
