@@ -484,24 +484,29 @@ void draft_rollback(struct draft *d, const struct seq *s, int n_valid)
 
 int32_t draft_argmax(const struct draft *d, const float *row)
 {
-    const int n = d->n_map ? d->n_map : d->m->cfg.vocab_size;
-    int32_t best = d->n_map ? d->map[0] : 0;
-    for (int i = 1; i < n; i++) {
-        const int32_t t = d->n_map ? d->map[i] : i;
-        if (row[t] > row[best]) best = t;
-    }
+    if (!d->n_map) return sampler_argmax(row, d->m->cfg.vocab_size);
+    int32_t best = d->map[0];
+    for (int i = 1; i < d->n_map; i++)
+        if (row[d->map[i]] > row[best]) best = d->map[i];
     return best;
 }
 
 float draft_top_prob(const struct draft *d, const float *row)
 {
+    /* The whole row in loops that vectorize (sampler_exp: exp in double over Gemma's 262,144
+     * logits took 3.3 ms, sampler.h), or the map's ids gathered; eight partial sums. */
     const int n = d->n_map ? d->n_map : d->m->cfg.vocab_size;
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++) {
-        const float v = row[d->n_map ? d->map[i] : i];
-        if (v > mx) mx = v;
-    }
+    const int32_t *ids = d->n_map ? d->map : NULL;
+    float mx = -INFINITY, part[8] = {0};
+    if (ids)
+        for (int i = 0; i < n; i++) mx = row[ids[i]] > mx ? row[ids[i]] : mx;
+    else
+        for (int i = 0; i < n; i++) mx = row[i] > mx ? row[i] : mx;
+    if (ids)
+        for (int i = 0; i < n; i++) part[i & 7] += sampler_exp(row[ids[i]] - mx);
+    else
+        for (int i = 0; i < n; i++) part[i & 7] += sampler_exp(row[i] - mx);
     double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += exp((double)row[d->n_map ? d->map[i] : i] - (double)mx);
+    for (int j = 0; j < 8; j++) sum += part[j];
     return (float)(1.0 / sum);
 }

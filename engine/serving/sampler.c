@@ -110,7 +110,7 @@ static float max_of(const float *x, int n)
  * the first index holding it. One pass keeping the best index ran at about 2.5 ns an element
  * (each step waited on the last compare: 0.65 ms a token over Gemma 3's 262,144 logits, serial
  * between the step's parallel products). */
-static int32_t argmax(const float *x, int n)
+int32_t sampler_argmax(const float *x, int n)
 {
     const float m = max_of(x, n);
     for (int i = 0; i < n; i++)
@@ -296,7 +296,7 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
     const int V = s->vocab_size;
     if (p->temperature == 0.0f) {
         apply_penalties(s, p, logits, prompt, n_prompt, output, n_output);
-        return argmax(logits, V);
+        return sampler_argmax(logits, V);
     }
     const float top = prepare(s, p, logits, prompt, n_prompt, output, n_output);
     if (p->top_k == 0 && p->top_p >= 1.0f && p->min_p == 0.0f) {
@@ -334,7 +334,7 @@ void sampler_probs(struct sampler *s, const struct sampling_params *p, float *lo
     memset(out, 0, (size_t)V * sizeof *out);
     if (p->temperature == 0.0f) {
         apply_penalties(s, p, logits, prompt, n_prompt, output, n_output);
-        out[argmax(logits, V)] = 1.0f;
+        out[sampler_argmax(logits, V)] = 1.0f;
         return;
     }
     const float top = prepare(s, p, logits, prompt, n_prompt, output, n_output);

@@ -76,6 +76,10 @@ int sampler_logits_finite(const float *x, int n);
  * token, exp in double 3.3 ms a token with log-probabilities; the Zen 3 VM, 2026-12-01). */
 float sampler_exp(float x);
 
+/* The first index of the largest value of x[0..n) (two passes: a maximum that vectorizes, then its
+ * first occurrence): greedy's token. */
+int32_t sampler_argmax(const float *x, int n);
+
 /* Log-probabilities of a logits row: out[i] = x[i] - logsumexp(x), the weights by sampler_exp
  * and their sum in double. x and out (V) may not alias. */
 void sampler_log_softmax(const float *x, float *out, int V);
