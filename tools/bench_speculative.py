@@ -27,6 +27,7 @@ import concurrent.futures as cf
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -275,7 +276,7 @@ def main():
             if name != "none":
                 r = sorted(x / y for x, y in zip(v, speeds[("none", parallel)]))
                 print(f"{name}, batch {parallel}: ratio to the same round's server without speculation " +
-                      " / ".join(f"{x:.2f}x" for x in r) + f", median {r[len(r) // 2] if len(r) % 2 else (r[len(r) // 2 - 1] + r[len(r) // 2]) / 2:.2f}x")
+                      " / ".join(f"{x:.2f}x" for x in r) + f", median {statistics.median(r):.2f}x")
     for name, _ in configs[1:]:
         for parallel in batches:
             (a0, n0, t0), (a1, n1, t1) = out[("none", parallel)], out[(name, parallel)]

@@ -497,11 +497,8 @@ float draft_top_prob(const struct draft *d, const float *row)
      * logits took 3.3 ms, sampler.h), or the map's ids gathered; eight partial sums. */
     const int n = d->n_map ? d->n_map : d->m->cfg.vocab_size;
     const int32_t *ids = d->n_map ? d->map : NULL;
-    float mx = -INFINITY, part[8] = {0};
-    if (ids)
-        for (int i = 0; i < n; i++) mx = row[ids[i]] > mx ? row[ids[i]] : mx;
-    else
-        for (int i = 0; i < n; i++) mx = row[i] > mx ? row[i] : mx;
+    float mx = ids ? -INFINITY : sampler_max(row, n), part[8] = {0};
+    for (int i = 0; ids && i < n; i++) mx = row[ids[i]] > mx ? row[ids[i]] : mx;
     if (ids)
         for (int i = 0; i < n; i++) part[i & 7] += sampler_exp(row[ids[i]] - mx);
     else

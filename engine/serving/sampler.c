@@ -93,7 +93,7 @@ float sampler_exp(float x)
 
 /* The largest value of x[0..n) that is not NaN (-Inf when none is): eight running maxima, no
  * element waiting on the one before, so the compiler vectorizes it. */
-static float max_of(const float *x, int n)
+float sampler_max(const float *x, int n)
 {
     float m8[8];
     for (int j = 0; j < 8; j++) m8[j] = -INFINITY;
@@ -112,7 +112,7 @@ static float max_of(const float *x, int n)
  * between the step's parallel products). */
 int32_t sampler_argmax(const float *x, int n)
 {
-    const float m = max_of(x, n);
+    const float m = sampler_max(x, n);
     for (int i = 0; i < n; i++)
         if (x[i] == m) return i;
     return 0;
@@ -286,7 +286,7 @@ static float prepare(struct sampler *s, const struct sampling_params *p, float *
     const int V = s->vocab_size;
     apply_penalties(s, p, logits, prompt, n_prompt, output, n_output);
     for (int i = 0; i < V; i++) if (isnan(logits[i])) logits[i] = -INFINITY;
-    return max_of(logits, V);
+    return sampler_max(logits, V);
 }
 
 int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struct rng *r,
@@ -357,7 +357,7 @@ int sampler_logits_finite(const float *x, int n)
 
 void sampler_log_softmax(const float *x, float *out, int V)
 {
-    const float mx = max_of(x, V);
+    const float mx = sampler_max(x, V);
     for (int i = 0; i < V; i++) out[i] = sampler_exp(x[i] - mx); /* (the weights, for now: vectorized) */
     double part[4] = {0.0, 0.0, 0.0, 0.0}; /* (four sums: no add waiting on the one before) */
     int i = 0;

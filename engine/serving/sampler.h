@@ -76,6 +76,9 @@ int sampler_logits_finite(const float *x, int n);
  * token, exp in double 3.3 ms a token with log-probabilities; the Zen 3 VM, 2026-12-01). */
 float sampler_exp(float x);
 
+/* The largest value of x[0..n) that is not NaN (-Inf when none is), in a loop that vectorizes. */
+float sampler_max(const float *x, int n);
+
 /* The first index of the largest value of x[0..n) (two passes: a maximum that vectorizes, then its
  * first occurrence): greedy's token. */
 int32_t sampler_argmax(const float *x, int n);
