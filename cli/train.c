@@ -83,6 +83,8 @@ static const char *const train_help =
     "  --eagle-ffn N           the head's MLP rows [the model's; required for a mixture of experts]\n"
     "  --eagle-feature-loss W  also regress the head's output on the model's own hidden state,\n"
     "                          W x smooth-L1 (EAGLE-1's loss; 10 = its 1 : 0.1) [0: tokens only]\n"
+    "  --eagle-feature-noise A add uniform noise of A x each feature row's rms to the rows the\n"
+    "                          head reads in training (EAGLE-1's; 0.05 in the probe) [0]\n"
     "  --eagle-init FILE       start from this head (a head continued on more data) [the model's\n"
     "                          last layer, fc = [0 | I]]\n"
     "  --spec-token-map FILE   the head's logits over these tokens only (a JSON array of ids, as\n"
@@ -160,6 +162,7 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
     else if (!strcmp(a, "--moe-z-loss-coeff")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x < 1e6)) return bad("--moe-z-loss-coeff must be a number >= 0, got '%s'", v); o->moe_z_loss_coeff = (float)x; }
     else if (!strcmp(a, "--spec-token-map")) o->eagle_token_map = v;
     else if (!strcmp(a, "--eagle-init")) o->eagle_init = v;
+    else if (!strcmp(a, "--eagle-feature-noise")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x <= 10.0)) return bad("--eagle-feature-noise must be a number in [0, 10], got '%s'", v); o->eagle_feature_noise = (float)x; }
     else if (!strcmp(a, "--eagle-feature-loss")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x <= 1e6)) return bad("--eagle-feature-loss must be a number in [0, 1e6], got '%s'", v); o->eagle_feature_loss = (float)x; }
     else if (!strcmp(a, "--eagle-ffn")) { if (parse_int(v, 1, 1 << 20, &o->eagle_ffn)) return bad("--eagle-ffn must be an integer in [1, 1048576], got '%s'", v); }
     else if (!strcmp(a, "--lora-rank")) { if (parse_int(v, 1, 4096, &o->lora_rank)) return bad("--lora-rank must be an integer in [1, 4096], got '%s'", v); }
@@ -296,9 +299,12 @@ int train_main(int argc, char **argv)
     if (o.loss_scale > 0 && o.precision != TRAIN_PRECISION_FP16) return bad("--loss-scale applies to --fp16 only%s", "");
     if (!o.data) return bad("--data FILE is required%s", "");
     if (!o.out_dir) return bad("--out DIR is required%s", "");
-    if ((o.eagle_ffn || o.eagle_token_map || o.eagle_feature_loss > 0 || o.eagle_init) && !o.eagle)
+    if ((o.eagle_ffn || o.eagle_token_map || o.eagle_feature_loss > 0 || o.eagle_feature_noise > 0 || o.eagle_init) &&
+        !o.eagle)
         return bad("%s applies to --eagle-head", o.eagle_ffn ? "--eagle-ffn" : o.eagle_token_map ? "--spec-token-map"
-                                                 : o.eagle_init ? "--eagle-init" : "--eagle-feature-loss");
+                                                 : o.eagle_init ? "--eagle-init"
+                                                 : o.eagle_feature_noise > 0 ? "--eagle-feature-noise"
+                                                 : "--eagle-feature-loss");
     if (o.eagle && !o.model_dir) return bad("--eagle-head needs --model (the model the head drafts for)%s", "");
     if (o.eagle && checkpoint_flag) /* no interval checkpoints, one rank: nothing for them to do */
         return bad("%s does not apply to --eagle-head (one rank, one file at the end)", checkpoint_flag);

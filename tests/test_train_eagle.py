@@ -15,15 +15,17 @@
    1e-5; the target's weights bit for bit unchanged; the head's start (the target's last layer,
    o and down x 0.05, fc = [0 | I]); the written file holds the final weights under EAGLE's names;
    and with a token map (--spec-token-map: the LM head's rows of its ids, the targets outside it
-   masked), and with EAGLE-1's feature regression (--eagle-feature-loss: w x the mean smooth-L1 of
-   the head's output against the model's own row), the same steps.
+   masked), with EAGLE-1's feature regression (--eagle-feature-loss: w x the mean smooth-L1 of
+   the head's output against the model's own row), and with its noise on the features the head
+   reads (--eagle-feature-noise: each row plus amount x its rms x u, u drawn here as
+   eagle_train.c's noise_u draws it for each micro-batch, row and column), the same steps.
 2. Served: stories260K (tests/golden_setup.sh), a head trained by `shardlm train --eagle-head` on
    stories the model sampled itself, then `shardlm generate --speculative eagle`: the greedy
    text equals the text without speculation, and at least 30 % of the drafts are accepted
    (42 % here; by hand, a head trained 30 steps on Shakespeare instead had 0 of 32 accepted);
    the frozen model's rows cached after the first epoch train the same head as its forward run
    every epoch; and --eagle-init continues from the trained head's tensors.
-3. Refusals: --eagle-ffn, --spec-token-map, --eagle-init without --eagle-head; --eagle-head with
+3. Refusals: --eagle-ffn, --spec-token-map, --eagle-init, --eagle-feature-noise without --eagle-head; --eagle-head with
    LoRA, bf16 or --save-interval, a token map that is not one, a head of other shapes to
    continue, --out the model.
 
@@ -72,8 +74,12 @@ def check(ok, msg):
         N_FAIL += 1
 
 
-def run_driver(driver, model_dir, prefix, ffn, batch_paths, token_map=None, feature_loss=0.0):
-    env = dict(os.environ, EAGLE_TOKEN_MAP=token_map or "", EAGLE_FEATURE_LOSS=repr(feature_loss))
+NOISE_SEED = 77  # test_train_step.c's seed of the features' noise
+
+
+def run_driver(driver, model_dir, prefix, ffn, batch_paths, token_map=None, feature_loss=0.0, noise=0.0):
+    env = dict(os.environ, EAGLE_TOKEN_MAP=token_map or "", EAGLE_FEATURE_LOSS=repr(feature_loss),
+               EAGLE_FEATURE_NOISE=repr(noise))
     r = subprocess.run([driver, "--eagle", model_dir, prefix, str(STEPS), repr(LR), repr(WD), repr(CLIP), repr(EPS),
                         str(ffn)] + batch_paths, capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -120,12 +126,33 @@ def head_batch(batch, tmap=None):
     return b
 
 
+def noise_u(seed, call, rows, cols):
+    """eagle_train.c's noise_u for every (row, column) of a micro-batch: a splitmix64 finalizer of
+    the mix of (seed, micro-batch, row, column), as u in [-1, 1)."""
+    u64 = np.uint64
+    with np.errstate(over="ignore"):
+        p = np.arange(rows, dtype=u64)[:, None]
+        j = np.arange(cols, dtype=u64)[None, :]
+        z = (np.full((1, 1), seed, u64) ^ (np.full((1, 1), call, u64) * u64(0x9E3779B97F4A7C15))
+             ^ (p * u64(0xC2B2AE3D27D4EB4F)) ^ (j * u64(0x165667B19E3779F9)))
+        z = (z ^ (z >> u64(30))) * u64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> u64(27))) * u64(0x94D049BB133111EB)
+        z = z ^ (z >> u64(31))
+    return (z >> u64(11)).astype(np.float64) / 2.0 ** 52 - 1.0
+
+
+def noisy(f, amount, call):
+    """The features a training micro-batch reads: each row plus amount x its rms x u."""
+    rms = np.sqrt(np.mean(f * f, axis=1, keepdims=True))
+    return f + amount * rms * noise_u(NOISE_SEED, call, f.shape[0], f.shape[1])
+
+
 def smooth_l1(x):
     a = jnp.abs(x)
     return jnp.where(a < 1.0, 0.5 * x * x, a - 0.5)
 
 
-def reference_steps(kind, cfg, spec, target, init, batches, last, tmap=None, feature_loss=0.0):
+def reference_steps(kind, cfg, spec, target, init, batches, last, tmap=None, feature_loss=0.0, noise=0.0):
     d = spec["d"]
     hspec = {"kind": "llama", "n_layers": 1, "d": d, "n_heads": spec["n_heads"], "n_kv": spec["n_kv"],
              "head_dim": spec["head_dim"], "scale": 1.0 / math.sqrt(spec["head_dim"]), "eps": spec["eps"],
@@ -140,14 +167,19 @@ def reference_steps(kind, cfg, spec, target, init, batches, last, tmap=None, fea
         hb = head_batch(b, tmap)
         rows, shifted = features(target, spec, b)
         prepared.append(({k: jnp.asarray(v) for k, v in hb.items() if k != "doc_start"},
-                         jnp.asarray(shifted), jnp.asarray(target["tok_embedding/-1"][b["tokens"]] * emb_scale),
+                         shifted, jnp.asarray(target["tok_embedding/-1"][b["tokens"]] * emb_scale),
                          jnp.asarray(rows), jnp.asarray(hb["targets"] >= 0)))
     n_targets = sum(int(np.sum(head_batch(b, tmap)["targets"] >= 0)) for b in batches)
+
+    calls = [0]  # the micro-batches run so far: loss_fn runs once a step, in order
 
     def loss_fn(p):
         total = 0.0
         for jb, f, e, rows, real in prepared:
-            x0 = e @ p["fc_emb"].T + p["fc_bias"] + f @ p["fc_feat"].T
+            if noise:
+                f = noisy(f, noise, calls[0])
+            calls[0] += 1
+            x0 = e @ p["fc_emb"].T + p["fc_bias"] + jnp.asarray(f) @ p["fc_feat"].T
             P = {"%s/0" % k: p[head_name(k, last)] for k in HEAD_KEYS}
             P["lm_head/-1"] = jnp.asarray(head_w)
             total = total + TG.forward_loss(P, hspec, jb, x0=x0)
@@ -229,6 +261,21 @@ def steps_check(driver, tmp):
         check(lrel < 1e-5 and nrel < 1e-4 and prel < 1e-5, "%s, feature regression at weight 10: losses %s, norms, "
               "parameters match JAX (rel %.1e, %.1e, %.1e)" % (kind, " ".join("%.5f" % x for x in meta["losses"]),
                                                               lrel, nrel, prel))
+        # EAGLE-1's noise on the features (--eagle-feature-noise 0.2) with the regression: the same
+        # steps with the noise drawn here; the noise-free reference must then differ.
+        meta, target, _, init, final = run_driver(driver, mdir, prefix + "_noise", 0, paths, feature_loss=10.0,
+                                                  noise=0.2)
+        losses, norms, ref = reference_steps(kind, cfg, spec, target, init, [b1, b2], last, feature_loss=10.0,
+                                             noise=0.2)
+        lrel = max(abs(a - b) / abs(b) for a, b in zip(meta["losses"], losses))
+        prel, pkey = max_rel(final, ref)
+        nrel = max(abs(a - b) / b for a, b in zip(meta["grad_norms"], norms))
+        _, _, clean = reference_steps(kind, cfg, spec, target, init, [b1, b2], last, feature_loss=10.0)
+        off, _ = max_rel(final, clean)
+        check(lrel < 1e-5 and nrel < 1e-4 and prel < 1e-5 and off > 1e-3,
+              "%s, feature noise 0.2: losses %s, norms, parameters match JAX with the same noise (rel %.1e, %.1e, "
+              "%.1e; %.1e from the noise-free steps)" % (kind, " ".join("%.5f" % x for x in meta["losses"]), lrel,
+                                                         nrel, prel, off))
 
 
 def run(cmd, **kw):
@@ -335,6 +382,10 @@ def refusals_check(shardlm, golden, tmp):
         (["--eagle-head", "--keep-checkpoints", "2", "--out", os.path.join(tmp, "r8")],
          "--keep-checkpoints does not apply to --eagle-head"),
         (["--eagle-init", data, "--out", os.path.join(tmp, "r6")], "--eagle-init applies to --eagle-head"),
+        (["--eagle-feature-noise", "0.1", "--out", os.path.join(tmp, "r9")],
+         "--eagle-feature-noise applies to --eagle-head"),
+        (["--eagle-head", "--eagle-feature-noise", "-1", "--out", os.path.join(tmp, "r10")],
+         "--eagle-feature-noise must be a number in [0, 10]"),
         (["--eagle-head", "--eagle-init", os.path.join(tmp, "gemma3_eagle.safetensors"), "--out",
           os.path.join(tmp, "r7")], "tensor fc.weight is F32 of 2 dimensions (48 x 96); the head needs float (64 x 128)"),
         (["--eagle-head", "--out", model], model.rstrip("/")),

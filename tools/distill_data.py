@@ -7,7 +7,7 @@ written back in `shardlm train`'s chat format with the target's answers as the a
 
   python3 tools/distill_data.py --shardlm build/cli/shardlm --model FILE.gguf|DIR --out FILE.jsonl
       [--data .cache/chat-data/train.jsonl] [--prefix "Answer the question from the passage"]
-      [--n 400] [--max-tokens 64] [--threads 2] [--parallel 16] [--serve-arg=ARG ...]
+      [--n 400] [--skip 0] [--max-tokens 64] [--threads 2] [--parallel 16] [--serve-arg=ARG ...]
 
 --serve-arg passes one more argument to `shardlm serve` (repeat it), e.g. the default chat
 model's adapter: --serve-arg=--lora --serve-arg=gemma-3-270m-chat=models/gemma-3-270m-chat
@@ -37,16 +37,19 @@ def main():
     ap.add_argument("--prefix", default="Answer the question from the passage",
                     help="keep the examples whose first user turn starts with this ('' keeps all)")
     ap.add_argument("--n", type=int, default=400)
+    ap.add_argument("--skip", type=int, default=0, help="pass over the first SKIP matching examples (more data after an earlier run)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=16)
     ap.add_argument("--serve-arg", action="append", default=[], help="one more argument to shardlm serve (repeat)")
     a = ap.parse_args()
-    prompts = []
+    prompts, seen = [], 0
     for line in open(a.data):
         msgs = json.loads(line)["messages"]
         if msgs and msgs[0]["role"] == "user" and msgs[0]["content"].startswith(a.prefix):
-            prompts.append(msgs[0]["content"])
+            seen += 1
+            if seen > a.skip:
+                prompts.append(msgs[0]["content"])
         if len(prompts) == a.n:
             break
 

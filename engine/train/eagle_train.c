@@ -35,6 +35,8 @@ struct eagle_trainer {
     float *shifted;                /* (max_tokens, d): the features (row p: the model's row p - 1) */
     float *head_rows;              /* (max_tokens, d): the head's output rows (feature loss) */
     float feature_weight;          /* > 0: the feature regression's weight (eagle_trainer_set_feature_loss) */
+    float noise;                   /* > 0: the features' noise, a fraction of each row's rms */
+    uint64_t noise_seed, noise_calls; /* eagle_trainer_set_feature_noise; training micro-batches so far */
     struct tensor extra;           /* (max_tokens, d): its gradient, on the device */
     int32_t *row_of;               /* (vocab): a token's row of the head's logits, -1 outside the map */
     struct tensor cut;             /* with a map: the LM head's rows of its tokens, f32 */
@@ -60,6 +62,17 @@ static double uniform01(uint64_t *s)
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
     return ((double)(z >> 11) + 0.5) / 9007199254740992.0;
+}
+
+/* The features' noise: u in [-1, 1) for (seed, micro-batch, row, column), a splitmix64 finalizer of
+ * their mix (eagle_train.h; tests/test_train_eagle.py computes the same). */
+static double noise_u(uint64_t seed, uint64_t call, uint64_t p, uint64_t j)
+{
+    uint64_t z = seed ^ (call * 0x9E3779B97F4A7C15ull) ^ (p * 0xC2B2AE3D27D4EB4Full) ^ (j * 0x165667B19E3779F9ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 4503599627370496.0 - 1.0; /* 2^52 */
 }
 
 /* dst := the target's tensor src times scale where src has dst's shape (any float or block dtype:
@@ -266,6 +279,36 @@ void eagle_trainer_zero_grads(struct eagle_trainer *e)
 
 void eagle_trainer_set_feature_loss(struct eagle_trainer *e, float weight) { e->feature_weight = weight; }
 
+void eagle_trainer_set_feature_noise(struct eagle_trainer *e, float amount, uint64_t seed)
+{
+    e->noise = amount;
+    e->noise_seed = seed;
+    e->noise_calls = 0;
+}
+
+/* Row p of the features: the model's row p - 1 (zeros at a document's first row, which carries no
+ * loss), with EAGLE-1's uniform noise in training (amount x the row's rms x u). */
+static void shift_features(struct eagle_trainer *e, const struct train_batch *tb, int noisy)
+{
+    const int64_t D = e->h->cfg.d_model;
+    const uint64_t call = noisy ? e->noise_calls++ : 0;
+    for (int64_t p = 0; p < tb->n_tokens; p++) {
+        float *row = e->shifted + p * D;
+        if (tb->positions[p] == 0) {
+            memset(row, 0, (size_t)D * sizeof *row);
+            continue;
+        }
+        const float *f = e->host + (p - 1) * D;
+        memcpy(row, f, (size_t)D * sizeof *row);
+        if (!noisy) continue;
+        double ss = 0.0;
+        for (int64_t j = 0; j < D; j++) ss += (double)f[j] * (double)f[j];
+        const double a = (double)e->noise * sqrt(ss / (double)D);
+        for (int64_t j = 0; j < D; j++)
+            row[j] = (float)((double)f[j] + a * noise_u(e->noise_seed, call, (uint64_t)p, (uint64_t)j));
+    }
+}
+
 /* EAGLE-1's feature regression on the head's last forward: w x the mean over d of
  * smooth-L1(h_p - f_p) (beta 1) summed over the rows with a target, f_p the frozen model's own
  * row p; returned, and its gradient x grad_scale left in head_rows for the backward. */
@@ -322,11 +365,7 @@ enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batc
         backend_download(b, e->host, hid.data, tensor_nbytes(&hid));
         if (hidden_out) memcpy(hidden_out, e->host, (size_t)(T * D) * sizeof *e->host);
     }
-    for (int64_t p = 0; p < T; p++) {
-        float *row = e->shifted + p * D;
-        if (tb->positions[p] > 0) memcpy(row, e->host + (p - 1) * D, (size_t)D * sizeof *row);
-        else memset(row, 0, (size_t)D * sizeof *row);
-    }
+    shift_features(e, tb, backward && e->noise > 0.0f);
     struct tensor feat = tensor_first_rows(&e->feat, T), emb = tensor_first_rows(&e->emb, T);
     struct tensor x0 = tensor_first_rows(&e->x0, T), tmp = tensor_first_rows(&e->tmp, T);
     struct tensor tokens = tensor_first_rows(&e->tokens, T);
@@ -531,6 +570,7 @@ static enum status run_setup(struct eagle_run *r)
     safetensors_close(init);
     if (st != STATUS_OK) return st;
     eagle_trainer_set_feature_loss(r->e, o->eagle_feature_loss);
+    eagle_trainer_set_feature_noise(r->e, o->eagle_feature_noise, o->seed);
     if (n_map > 0)
         LOG_INFO(MODULE, "the head's logits over the %d tokens of %s (of %d); serve it with --spec-token-map %s", n_map,
                  o->eagle_token_map, r->m->cfg.vocab_size, o->eagle_token_map);

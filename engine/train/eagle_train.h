@@ -53,6 +53,15 @@ int eagle_head_targets(const struct eagle_trainer *e, const struct train_batch *
  * smooth-L1 + 0.1 x cross-entropy, is this at weight 10 (scaled by 10). */
 void eagle_trainer_set_feature_loss(struct eagle_trainer *e, float weight);
 
+/* EAGLE-1's noise on the features in training (0, the default: none): each feature row f the
+ * head reads in a training micro-batch (backward set) becomes f + amount x rms(f) x u, u
+ * uniform in [-1, 1) per element, drawn from (seed, the trainer's count of noisy micro-batches
+ * since this call, the row in the micro-batch, the column) by a splitmix64 finalizer (noise_u in
+ * eagle_train.c), so that a run is repeatable and a test can draw the same; the regression's
+ * target stays the clean row. Serving drafts from the head's own outputs, which are never the
+ * model's rows exactly: the noise trains the head to read rows a little off. */
+void eagle_trainer_set_feature_noise(struct eagle_trainer *e, float amount, uint64_t seed);
+
 /* Zeroes the gradients (a step begins). */
 void eagle_trainer_zero_grads(struct eagle_trainer *e);
 /* One micro-batch: the features, the head's forward (loss summed into *loss_sum over *n_real
