@@ -24,7 +24,7 @@ static const char *const train_help =
     "                          {\"conversations\": [...]} (ShareGPT), {\"prompt\", \"completion\"},\n"
     "                          {\"text\"}; comma-separated\n"
     "  --eval-data FILES       held-out files for evaluation\n"
-    "  --split T,E             without --eval-data: hold out E%% of the examples (e.g. 98,2)\n"
+    "  --split T,E             without --eval-data: hold out E% of the examples (e.g. 98,2)\n"
     "  --seq-length N          tokens per packed sequence [1024]\n"
     "  --data-overflow truncate|skip|error   examples longer than --seq-length [truncate]\n"
     "  --chat-template llama2|chatml|gemma|plain|FILE.jinja   [the model's own Jinja template (byte-level BPE\n"
@@ -255,7 +255,7 @@ int train_main(int argc, char **argv)
     train_options_default(&o);
     o.stop_signal = &stop_signal;
     int chat_template_set = 0, enable_expert_bias = 0;
-    const char *checkpoint_flag = NULL; /* --keep-checkpoints or --rank-timeout, refused with --eagle-head */
+    const char *checkpoint_flag = NULL; /* --rank-timeout, refused with --eagle-head */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -290,7 +290,7 @@ int train_main(int argc, char **argv)
         }
         if (i + 1 >= argc) return bad("%s needs a value", a);
         if (!strcmp(a, "--chat-template")) chat_template_set = 1;
-        if (!strcmp(a, "--keep-checkpoints") || !strcmp(a, "--rank-timeout")) checkpoint_flag = a;
+        if (!strcmp(a, "--rank-timeout")) checkpoint_flag = a;
         int rc = parse_flag(&o, a, argv[++i]);
         if (rc) return rc;
     }
@@ -306,8 +306,8 @@ int train_main(int argc, char **argv)
                                                  : o.eagle_feature_noise > 0 ? "--eagle-feature-noise"
                                                  : "--eagle-feature-loss");
     if (o.eagle && !o.model_dir) return bad("--eagle-head needs --model (the model the head drafts for)%s", "");
-    if (o.eagle && checkpoint_flag) /* no interval checkpoints, one rank: nothing for them to do */
-        return bad("%s does not apply to --eagle-head (one rank, one file at the end)", checkpoint_flag);
+    if (o.eagle && checkpoint_flag) /* one rank: no peer to wait for */
+        return bad("%s does not apply to --eagle-head (one rank)", checkpoint_flag);
     if (o.global_batch_size == 0) o.global_batch_size = o.micro_batch_size;
     if (o.memory.recompute == TRAIN_RECOMPUTE_UNIFORM && recompute_block) o.memory.recompute = TRAIN_RECOMPUTE_BLOCK;
     if (o.memory.recompute == TRAIN_RECOMPUTE_SELECTIVE && !o.memory.modules) o.memory.modules = TRAIN_RECOMPUTE_CORE_ATTN;

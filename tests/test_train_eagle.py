@@ -24,9 +24,10 @@
    text equals the text without speculation, and at least 30 % of the drafts are accepted
    (42 % here; by hand, a head trained 30 steps on Shakespeare instead had 0 of 32 accepted);
    the frozen model's rows cached after the first epoch train the same head as its forward run
-   every epoch; and --eagle-init continues from the trained head's tensors.
+   every epoch; --eagle-init continues from the trained head's tensors; checkpoints
+   (--save-interval, SIGTERM) resume bit for bit.
 3. Refusals: --eagle-ffn, --spec-token-map, --eagle-init, --eagle-feature-noise without --eagle-head; --eagle-head with
-   LoRA, bf16 or --save-interval, a token map that is not one, a head of other shapes to
+   LoRA, bf16, --rank-timeout, or --eagle-init beside --resume; a token map that is not one, a head of other shapes to
    continue, --out the model.
 
 Prints one line per check and "N passed, M failed"; exits 77 (SKIP) without jax/optax.
@@ -38,7 +39,9 @@ import os
 import re
 import subprocess
 import sys
+import signal
 import tempfile
+import time
 
 import numpy as np
 
@@ -343,6 +346,7 @@ def served_check(shardlm, golden, tmp):
           and hrel < 1e-6 and n1 and n2 and int(n1[1]) > 0 and n2[1] == "0",
           "the cached features train the same head as the model run every epoch (%s against %s micro-batches "
           "from the cache; parameters rel %.1e)" % (n1 and n1[1], n2 and n2[1], hrel))
+    resume_check(shardlm, model, small, tmp)
     drafted = accepted = 0
     same = 0
     prompts = ("Once upon a time", "Tom and his dog", "The little girl", "One day, a bird")
@@ -364,6 +368,57 @@ def served_check(shardlm, golden, tmp):
           % (accepted, drafted, 100 * rate))
 
 
+def resume_check(shardlm, model, data, tmp):
+    """Checkpoints: 400 iterations straight (--save-interval 100), resumed from the one at 200,
+    and stopped by SIGTERM and resumed from --out: the same head and state, bit for bit (the
+    feature noise and regression on, so the noise's stream must resume where it was)."""
+    common = ["train", "--eagle-head", "--model", model, "--data", data, "--train-iters", "400", "--seq-length",
+              "128", "--micro-batch-size", "2", "--lr", "3e-3", "--eagle-feature-loss", "10",
+              "--eagle-feature-noise", "0.1", "--threads", "1", "--seed", "9"]
+    files = ("eagle_head.safetensors", "train_state.safetensors")
+
+    def same(a, b):
+        return all(os.path.exists(os.path.join(a, f)) and os.path.exists(os.path.join(b, f))
+                   and open(os.path.join(a, f), "rb").read() == open(os.path.join(b, f), "rb").read() for f in files)
+
+    straight = os.path.join(tmp, "straight")
+    r = run([shardlm] + common + ["--out", straight, "--save-interval", "100", "--keep-checkpoints", "0"])
+    ck = os.path.join(straight, "checkpoints", "iter_0000200")
+    check(r.returncode == 0 and all(os.path.exists(os.path.join(ck, f)) for f in files),
+          "--save-interval 100: checkpoints of the head and its state (exit %d)" % r.returncode)
+    resumed = os.path.join(tmp, "resumed")
+    r = run([shardlm] + common + ["--out", resumed, "--resume", ck])
+    losses = [[json.loads(x)["loss"] for x in open(os.path.join(d, "metrics.jsonl")) if '"loss"' in x]
+              for d in (straight, resumed)] if r.returncode == 0 else [[], []]
+    check(r.returncode == 0 and same(straight, resumed) and losses[1] == losses[0][200:],
+          "--resume at iteration 200: the head and state after 400 equal the straight run's bit for bit, iterations "
+          "201-400 the same losses (exit %d)" % r.returncode)
+    stopped = os.path.join(tmp, "stopped")
+    p = subprocess.Popen([shardlm] + common + ["--out", stopped], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    metrics = os.path.join(stopped, "metrics.jsonl")
+    for _ in range(600):  # up to 60 s for the first iteration
+        if p.poll() is not None or (os.path.exists(metrics) and open(metrics).read().count("\n") >= 2):
+            break
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    try:
+        err = p.communicate(timeout=120)[1]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        err = p.communicate()[1]
+    m = re.search(r"stopped by a signal after iteration (\d+) of 400; checkpoint (\S+) written", err)
+    check(p.returncode == 128 + signal.SIGTERM and m is not None,
+          "SIGTERM: exit %d, %s" % (p.returncode, m.group(0) if m else err.strip()[-300:]))
+    r = run([shardlm] + common + ["--out", stopped, "--resume", stopped])
+    check(r.returncode == 0 and same(straight, stopped), "--resume OUT after the signal (iteration %s): the same head "
+          "and state as the straight run, bit for bit (exit %d)" % (m.group(1) if m else "?", r.returncode))
+    r = run([shardlm, "train", "--model", model, "--data", data, "--train-iters", "1", "--out",
+             os.path.join(tmp, "wrong"), "--resume", straight])
+    check(r.returncode != 0 and "an EAGLE head's checkpoint: continue it with --eagle-head" in r.stderr,
+          "the model's own training refuses an EAGLE head's checkpoint by name")
+
+
 def refusals_check(shardlm, golden, tmp):
     model = os.path.join(golden, "stories260K")
     if not os.path.isdir(model):
@@ -378,9 +433,10 @@ def refusals_check(shardlm, golden, tmp):
         (["--eagle-head", "--spec-token-map", data, "--out", os.path.join(tmp, "r4")], "not a JSON array"),
         (["--eagle-head", "--lora-rank", "4", "--out", os.path.join(tmp, "r2")], "--lora-rank"),
         (["--eagle-head", "--bf16", "--out", os.path.join(tmp, "r3")], "--bf16"),
-        (["--eagle-head", "--save-interval", "5", "--out", os.path.join(tmp, "r5")], "--save-interval"),
-        (["--eagle-head", "--keep-checkpoints", "2", "--out", os.path.join(tmp, "r8")],
-         "--keep-checkpoints does not apply to --eagle-head"),
+        (["--eagle-head", "--rank-timeout", "5", "--out", os.path.join(tmp, "r8")],
+         "--rank-timeout does not apply to --eagle-head"),
+        (["--eagle-head", "--resume", os.path.join(tmp, "straight"), "--eagle-init", os.path.join(tmp, "x"), "--out",
+          os.path.join(tmp, "r5")], "--eagle-init does not apply"),
         (["--eagle-init", data, "--out", os.path.join(tmp, "r6")], "--eagle-init applies to --eagle-head"),
         (["--eagle-feature-noise", "0.1", "--out", os.path.join(tmp, "r9")],
          "--eagle-feature-noise applies to --eagle-head"),

@@ -15,6 +15,7 @@
 #include "train_checkpoint.h"
 
 #define MODULE "train"
+#define EAGLE_HEAD_FILE "eagle_head.safetensors"
 #define EAGLE_ALLOCS 32
 
 struct eagle_trainer {
@@ -423,8 +424,7 @@ enum status eagle_trainer_load(struct eagle_trainer *e, const struct safetensors
     struct eagle_head_tensor list[EAGLE_HEAD_TENSORS];
     eagle_head_tensors(h, list);
     list[1].optional = 0; /* the trainer's head has a bias: a file without one is not its shape */
-    char what[4200];
-    snprintf(what, sizeof what, "--eagle-init %s", path);
+    const char *what = path;
     enum status st = STATUS_OK;
     float *host = NULL, *half = malloc((size_t)(2 * D * D) * sizeof *half);
     if (!half) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
@@ -444,7 +444,8 @@ enum status eagle_trainer_load(struct eagle_trainer *e, const struct safetensors
     return st;
 }
 
-enum status eagle_trainer_save(struct eagle_trainer *e, const char *path)
+/* The head's file; metadata "iteration" when iteration >= 0 (a checkpoint's). */
+static enum status save_head(struct eagle_trainer *e, const char *path, int64_t iteration)
 {
     struct model *h = e->h;
     const int64_t D = h->cfg.d_model;
@@ -479,6 +480,9 @@ enum status eagle_trainer_save(struct eagle_trainer *e, const char *path)
         st = safetensors_writer_set_metadata(sw, "rope_style", h->cfg.rope_style == ROPE_STYLE_PAIRS ? "pairs" : "halves");
     if (st == STATUS_OK) st = safetensors_writer_set_metadata(sw, "target_architecture", h->cfg.architecture);
     if (st == STATUS_OK) st = safetensors_writer_set_metadata(sw, "trained_by", "shardlm train --eagle-head");
+    char it[32];
+    snprintf(it, sizeof it, "%lld", (long long)iteration);
+    if (st == STATUS_OK && iteration >= 0) st = safetensors_writer_set_metadata(sw, "iteration", it);
     if (st == STATUS_OK) {
         st = safetensors_writer_finish(sw);
         sw = NULL;
@@ -487,6 +491,139 @@ enum status eagle_trainer_save(struct eagle_trainer *e, const char *path)
     for (int i = 0; i < N; i++) free(host[i]);
     if (st != STATUS_OK) return status_errorf(st, "--eagle-head: writing %s: %s", path, status_message());
     return STATUS_OK;
+}
+
+enum status eagle_trainer_save(struct eagle_trainer *e, const char *path) { return save_head(e, path, -1); }
+
+/* ---- checkpoints (--save-interval, --resume) ------------------------------------------------- */
+
+struct moment {
+    struct backend *b;
+    const struct tensor *t;
+};
+
+static enum status fill_moment(void *ctx, void *dst, size_t nbytes)
+{
+    const struct moment *m = ctx;
+    backend_download(m->b, dst, m->t->data, nbytes);
+    return STATUS_OK;
+}
+
+struct checkpoint_ctx {
+    struct eagle_trainer *e;
+    const struct eagle_progress *p;
+};
+
+/* Fills a checkpoint directory (train_checkpoint_write_dir): the head, then the state. */
+static enum status write_checkpoint(void *ctx, const char *dir)
+{
+    const struct checkpoint_ctx *c = ctx;
+    struct eagle_trainer *e = c->e;
+    char path[4400], name[256], value[64];
+    snprintf(path, sizeof path, "%s/" EAGLE_HEAD_FILE, dir);
+    enum status st = save_head(e, path, c->p->iteration);
+    if (st != STATUS_OK) return st;
+    snprintf(path, sizeof path, "%s/" TRAIN_STATE_FILE, dir);
+    struct moment *items = malloc(2 * e->params.n * sizeof *items);
+    if (!items) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
+    struct safetensors_writer *w = NULL;
+    st = safetensors_writer_begin(path, &w);
+    for (size_t i = 0; i < e->params.n && st == STATUS_OK; i++) {
+        const struct tensor *ts[2] = {&e->opt.m[i], &e->opt.v[i]};
+        const char *groups[2] = {"exp_avg", "exp_avg_sq"};
+        for (int g = 0; g < 2 && st == STATUS_OK; g++) {
+            items[2 * i + g] = (struct moment){e->b, ts[g]};
+            snprintf(name, sizeof name, "%s/%s", groups[g], e->params.p[i].name);
+            st = safetensors_writer_add_deferred(w, name, DTYPE_F32, ts[g]->ndim, ts[g]->shape, fill_moment,
+                                                 &items[2 * i + g]);
+        }
+    }
+    const struct {
+        const char *key;
+        int64_t v;
+    } meta[] = {
+        {"iteration", c->p->iteration},       {"data_epoch", c->p->cursor.epoch}, {"data_index", c->p->cursor.index},
+        {"seed", (int64_t)c->p->cursor.seed}, {"optimizer_step", e->opt.step},    {"noise_calls", (int64_t)e->noise_calls},
+    };
+    for (size_t i = 0; i < sizeof meta / sizeof meta[0] && st == STATUS_OK; i++) {
+        snprintf(value, sizeof value, "%lld", (long long)meta[i].v);
+        st = safetensors_writer_set_metadata(w, meta[i].key, value);
+    }
+    if (st == STATUS_OK) st = safetensors_writer_set_metadata(w, "format", TRAIN_STATE_FORMAT);
+    if (st == STATUS_OK) st = safetensors_writer_set_metadata(w, "trained", "eagle_head");
+    if (st == STATUS_OK) {
+        st = safetensors_writer_finish(w);
+        w = NULL;
+    }
+    safetensors_writer_free(w);
+    free(items);
+    if (st != STATUS_OK) return status_errorf(st, "--eagle-head: writing %s: %s", path, status_message());
+    return STATUS_OK;
+}
+
+enum status eagle_trainer_save_checkpoint(struct eagle_trainer *e, const char *dir, const struct eagle_progress *p)
+{
+    struct checkpoint_ctx c = {e, p};
+    enum status st = train_checkpoint_write_dir(dir, write_checkpoint, &c);
+    if (st == STATUS_OK) LOG_INFO(MODULE, "checkpoint %s written (iteration %lld)", dir, (long long)p->iteration);
+    return st;
+}
+
+/* A metadata integer of a checkpoint's file; *ok = 0 when absent or not one. */
+static int64_t meta_int(const struct safetensors *sf, const char *key, int *ok)
+{
+    const char *v = safetensors_metadata(sf, key);
+    char *end = NULL;
+    const long long x = v ? strtoll(v, &end, 10) : 0;
+    if (!v || !end || *end || end == v) *ok = 0;
+    return (int64_t)x;
+}
+
+enum status eagle_trainer_load_checkpoint(struct eagle_trainer *e, const char *dir, struct eagle_progress *p)
+{
+    char head[4400], state[4400], what[4500];
+    snprintf(head, sizeof head, "%s/" EAGLE_HEAD_FILE, dir);
+    snprintf(state, sizeof state, "%s/" TRAIN_STATE_FILE, dir);
+    struct safetensors *hf = NULL, *sf = NULL;
+    enum status st = safetensors_open(head, &hf);
+    if (st != STATUS_OK) return status_errorf(st, "--resume %s: no EAGLE head: %s", dir, status_message());
+    snprintf(what, sizeof what, "--resume %s", head);
+    if ((st = eagle_trainer_load(e, hf, what)) == STATUS_OK && (st = safetensors_open(state, &sf)) != STATUS_OK)
+        st = status_errorf(st, "--resume %s: no training state: %s", dir, status_message());
+    int ok = 1, same = 1;
+    const int64_t head_iter = hf ? meta_int(hf, "iteration", &same) : -1;
+    if (st == STATUS_OK) {
+        const char *fmt = safetensors_metadata(sf, "format"), *kind = safetensors_metadata(sf, "trained");
+        ok = fmt && !strcmp(fmt, TRAIN_STATE_FORMAT) && kind && !strcmp(kind, "eagle_head");
+        p->iteration = meta_int(sf, "iteration", &ok);
+        p->cursor.epoch = meta_int(sf, "data_epoch", &ok);
+        p->cursor.index = meta_int(sf, "data_index", &ok);
+        p->cursor.seed = (uint64_t)meta_int(sf, "seed", &ok);
+        e->opt.step = meta_int(sf, "optimizer_step", &ok);
+        e->noise_calls = (uint64_t)meta_int(sf, "noise_calls", &ok);
+        e->noise_seed = p->cursor.seed;
+        if (!ok) st = status_errorf(STATUS_BAD_FORMAT, "--resume %s: not an EAGLE head's training state", state);
+        else if (!same || head_iter != p->iteration)
+            st = status_errorf(STATUS_BAD_FORMAT, "--resume %s: the head is not of the state's iteration %lld (a save "
+                               "cut short?)", dir, (long long)p->iteration);
+    }
+    char name[256];
+    for (size_t i = 0; i < e->params.n && st == STATUS_OK; i++) {
+        const struct tensor *ts[2] = {&e->opt.m[i], &e->opt.v[i]};
+        const char *groups[2] = {"exp_avg", "exp_avg_sq"};
+        for (int g = 0; g < 2 && st == STATUS_OK; g++) {
+            snprintf(name, sizeof name, "%s/%s", groups[g], e->params.p[i].name);
+            const struct st_tensor *t = safetensors_find(sf, name);
+            if (!t || t->dtype != DTYPE_F32 || t->numel != tensor_numel(ts[g]))
+                st = status_errorf(STATUS_BAD_FORMAT, "--resume %s: %s %s (the head needs %lld f32 values)", state,
+                                   t ? "tensor of another size or dtype:" : "no tensor", name,
+                                   (long long)tensor_numel(ts[g]));
+            else backend_upload(e->b, ts[g]->data, t->data, t->nbytes);
+        }
+    }
+    safetensors_close(sf);
+    safetensors_close(hf);
+    return st;
 }
 
 /* ---- the command ----------------------------------------------------------------------------- */
@@ -509,6 +646,7 @@ struct eagle_run {
     float *rows;                   /* (micro x seq, d): a micro-batch's rows */
     size_t cache_bytes, cache_cap;
     int64_t forwards, skipped;     /* micro-batches that ran the frozen model, that read the cache */
+    struct eagle_progress progress; /* iterations done and the data's cursor (from --resume) */
 };
 
 static struct train_batch batch_of(const struct micro_batch *mb)
@@ -520,14 +658,15 @@ static struct train_batch batch_of(const struct micro_batch *mb)
 static enum status run_setup(struct eagle_run *r)
 {
     const struct train_options *o = r->o;
-    if (o->tp > 1 || o->pp > 1 || o->lora_rank > 0 || o->resume_dir || o->precision != TRAIN_PRECISION_F32 ||
+    if (o->tp > 1 || o->pp > 1 || o->lora_rank > 0 || o->precision != TRAIN_PRECISION_F32 ||
         o->distributed_optimizer || o->ep > 1 || o->moe_aux_loss_coeff != 0.0f || o->moe_z_loss_coeff != 0.0f ||
-        o->moe_router_bias_update_rate != 0.0f || o->save_interval > 0 || o->pp_layers ||
+        o->moe_router_bias_update_rate != 0.0f || o->pp_layers ||
         o->memory.recompute != TRAIN_RECOMPUTE_NONE || o->memory.sequence_parallel)
-        return status_errorf(STATUS_UNSUPPORTED, "--eagle-head trains one head on one rank in f32 and writes it at the "
-                             "end: it takes none of --tp, --pp, --pp-layers, --ep, --lora-rank, --resume, --save-interval, "
-                             "--bf16/--fp16, --use-distributed-optimizer, --sequence-parallel, --recompute-*, the "
-                             "--moe-* losses");
+        return status_errorf(STATUS_UNSUPPORTED, "--eagle-head trains one head on one rank in f32: it takes none of "
+                             "--tp, --pp, --pp-layers, --ep, --lora-rank, --bf16/--fp16, --use-distributed-optimizer, "
+                             "--sequence-parallel, --recompute-*, the --moe-* losses");
+    if (o->resume_dir && o->eagle_init)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--resume continues a head's run: --eagle-init does not apply");
     if (o->micro_batch_size < 1 || o->global_batch_size < 1 || o->global_batch_size % o->micro_batch_size)
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "--global-batch-size (%d) must be a positive multiple of --micro-batch-size (%d)",
@@ -535,7 +674,8 @@ static enum status run_setup(struct eagle_run *r)
     if (o->train_iters <= 0 && o->epochs <= 0) return status_errorf(STATUS_INVALID_ARGUMENT, "give --train-iters or --epochs");
     if (o->seq_length < 2) return status_errorf(STATUS_INVALID_ARGUMENT, "--seq-length must be at least 2");
     r->num_micro = o->global_batch_size / o->micro_batch_size;
-    enum status st = out_dir_check(o->out_dir, o->model_dir, NULL, o->overwrite_out);
+    enum status st = out_dir_check(o->out_dir, o->model_dir, o->resume_dir, o->overwrite_out);
+    if (st == STATUS_OK && o->overwrite_out) st = out_dir_clear_checkpoints(o->out_dir, o->resume_dir);
     if (st == STATUS_OK) st = train_checkpoint_make_dir(o->out_dir);
     if (st == STATUS_OK) st = backend_open(o->device, 0, o->threads, &r->b);
     if (st == STATUS_OK) st = model_load_as(o->model_dir, r->b, NULL, DTYPE_F32, &r->m);
@@ -557,20 +697,33 @@ static enum status run_setup(struct eagle_run *r)
         return st;
     int ffn = o->eagle_ffn;
     struct safetensors *init = NULL;
-    if (o->eagle_init && (st = safetensors_open(o->eagle_init, &init)) != STATUS_OK) {
+    char resumed[4400];
+    const char *init_path = o->eagle_init;
+    if (o->resume_dir) { /* the MLP's size from the head continued */
+        snprintf(resumed, sizeof resumed, "%s/" EAGLE_HEAD_FILE, o->resume_dir);
+        init_path = resumed;
+    }
+    if (init_path && (st = safetensors_open(init_path, &init)) != STATUS_OK) {
         free(map);
-        return status_errorf(st, "--eagle-init %s: %s", o->eagle_init, status_message());
+        return status_errorf(st, "%s %s: %s", o->resume_dir ? "--resume" : "--eagle-init", init_path, status_message());
     }
     const struct st_tensor *up = init ? safetensors_find(init, "layers.0.mlp.up_proj.weight") : NULL;
     if (ffn == 0 && up && up->ndim == 2 && up->shape[0] > 0 && up->shape[0] <= (1 << 20))
         ffn = (int)up->shape[0]; /* the MLP of the head continued */
     st = eagle_trainer_new(r->m, ffn, o->micro_batch_size * o->seq_length, &o->opt, o->seed, map, n_map, &r->e);
     free(map);
-    if (st == STATUS_OK && init) st = eagle_trainer_load(r->e, init, o->eagle_init);
+    char what[4500];
+    snprintf(what, sizeof what, "--eagle-init %s", o->eagle_init ? o->eagle_init : "");
+    if (st == STATUS_OK && o->eagle_init) st = eagle_trainer_load(r->e, init, what);
     safetensors_close(init);
     if (st != STATUS_OK) return st;
     eagle_trainer_set_feature_loss(r->e, o->eagle_feature_loss);
     eagle_trainer_set_feature_noise(r->e, o->eagle_feature_noise, o->seed);
+    r->progress = (struct eagle_progress){.cursor = {.seed = o->seed}};
+    if (o->resume_dir) { /* the head, AdamW's moments, the cursor and the noise's stream where they were */
+        if ((st = eagle_trainer_load_checkpoint(r->e, o->resume_dir, &r->progress)) != STATUS_OK) return st;
+        LOG_INFO(MODULE, "resuming the head of %s at iteration %lld", o->resume_dir, (long long)r->progress.iteration);
+    }
     if (n_map > 0)
         LOG_INFO(MODULE, "the head's logits over the %d tokens of %s (of %d); serve it with --spec-token-map %s", n_map,
                  o->eagle_token_map, r->m->cfg.vocab_size, o->eagle_token_map);
@@ -582,7 +735,7 @@ static enum status run_setup(struct eagle_run *r)
     char path[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
     const char *mp = o->metrics_path ? o->metrics_path : path;
-    if (!(r->metrics = fopen(mp, "w"))) return status_errorf(STATUS_IO, "%s: cannot open the metrics file", mp);
+    if (!(r->metrics = fopen(mp, o->resume_dir ? "a" : "w"))) return status_errorf(STATUS_IO, "%s: cannot open the metrics file", mp);
     LOG_INFO(MODULE, "EAGLE head for %s: one layer (d_model %d, MLP %d), %lld parameters trained; the model frozen",
              r->m->cfg.architecture, r->m->cfg.d_model, o->eagle_ffn > 0 ? o->eagle_ffn : r->m->cfg.ffn_hidden,
              (long long)param_table_numel(eagle_trainer_params(r->e)));
@@ -650,15 +803,15 @@ static enum status run_loop(struct eagle_run *r)
     const int64_t iters = o->train_iters > 0 ? o->train_iters
                                              : train_iters_for_epochs(o, &r->train, r->num_micro, &r->mbs[0]);
     if (opt.decay_iters <= 0) opt.decay_iters = iters;
-    struct data_cursor cur = {.seed = o->seed};
+    struct data_cursor *cur = &r->progress.cursor;
     const size_t cap = (size_t)o->micro_batch_size * (size_t)o->seq_length;
     const double t0 = base_now_s();
     LOG_INFO(MODULE, "%lld iterations of %d packed sequences of up to %d tokens", (long long)iters,
              o->global_batch_size, o->seq_length);
-    for (int64_t it = 0; it < iters; it++) {
+    for (int64_t it = r->progress.iteration; it < iters; it++) {
         int64_t targets = 0, tokens = 0;
         for (int i = 0; i < r->num_micro; i++) {
-            data_next_micro_batch(&r->train, &cur, o->micro_batch_size, o->seq_length, &r->mbs[i]);
+            data_next_micro_batch(&r->train, cur, o->micro_batch_size, o->seq_length, &r->mbs[i]);
             const struct train_batch tb = batch_of(&r->mbs[i]);
             tokens += tb.n_tokens;
             targets += tb.n_tokens > 0 ? eagle_head_targets(r->e, &tb, r->targets + (size_t)i * cap) : 0;
@@ -696,6 +849,19 @@ static enum status run_loop(struct eagle_run *r)
             LOG_INFO(MODULE, "iteration %lld: held-out head loss %.4f over %lld targets", (long long)it + 1, el_loss,
                      (long long)n);
         }
+        r->progress.iteration = it + 1;
+        const int stop = o->stop_signal && *o->stop_signal && !last;
+        if (stop || (o->save_interval > 0 && (it + 1) % o->save_interval == 0 && !last)) {
+            char dir[4200];
+            snprintf(dir, sizeof dir, "%s/checkpoints/iter_%07lld", o->out_dir, (long long)it + 1);
+            enum status st = eagle_trainer_save_checkpoint(r->e, dir, &r->progress);
+            if (st == STATUS_OK) st = out_dir_prune(o->out_dir, o->keep_checkpoints);
+            if (st != STATUS_OK) return st;
+            if (stop)
+                return status_errorf(STATUS_CANCELLED, "stopped by a signal after iteration %lld of %lld; checkpoint %s "
+                                     "written (continue with --resume %s)", (long long)it + 1, (long long)iters, dir,
+                                     o->out_dir);
+        }
     }
     LOG_INFO(MODULE, "the frozen model ran %lld micro-batches; %lld read its rows from the cache (%.1f MiB)",
              (long long)r->forwards, (long long)r->skipped, (double)r->cache_bytes / 1048576.0);
@@ -708,8 +874,8 @@ enum status eagle_train_run(const struct train_options *o)
     enum status st = run_setup(&r);
     if (st == STATUS_OK) st = run_loop(&r);
     char path[4200];
-    snprintf(path, sizeof path, "%s/eagle_head.safetensors", o->out_dir);
-    if (st == STATUS_OK) st = eagle_trainer_save(r.e, path);
+    snprintf(path, sizeof path, "%s/" EAGLE_HEAD_FILE, o->out_dir);
+    if (st == STATUS_OK) st = eagle_trainer_save_checkpoint(r.e, o->out_dir, &r.progress); /* the head and its state */
     if (st == STATUS_OK) LOG_INFO(MODULE, "wrote %s (serve it with --speculative eagle --draft-model %s)", path, path);
     char why[1024] = "";
     if (st != STATUS_OK) snprintf(why, sizeof why, "%s", status_message());

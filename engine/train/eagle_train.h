@@ -13,7 +13,9 @@
  * The head starts as the probe's (tools/eagle_probe.py): the model's last layer where its shapes
  * match, its output projections damped x 0.05, the fc the identity on the feature half.
  *
- * One rank, f32 (the CPU, or one GPU), no resume: refused by name otherwise.
+ * One rank, f32 (the CPU, or one GPU): refused by name otherwise. Checkpoints every
+ * --save-interval iterations (OUT/checkpoints/iter_N, --keep-checkpoints), on a stop signal, and
+ * at the end (OUT); --resume continues one bit for bit.
  * Not here: the model's own training (trainer.c), serving the head (engine/serving/draft.c).
  * Tests: tests/test_train_eagle.py (steps against JAX + optax; the head served). */
 #ifndef SHARDLM_EAGLE_TRAIN_H
@@ -92,9 +94,27 @@ enum status eagle_trainer_load(struct eagle_trainer *e, const struct safetensors
  * metadata rope_style and the target's architecture. */
 enum status eagle_trainer_save(struct eagle_trainer *e, const char *path);
 
+/* Where a run is: iterations done and the data's cursor (its seed the run's, which also seeds
+ * the features' noise). */
+struct eagle_progress {
+    int64_t iteration;
+    struct data_cursor cursor;
+};
+/* A checkpoint, written into DIR.tmp and then made dir (train_checkpoint_write_dir):
+ * dir/eagle_head.safetensors (as eagle_trainer_save, with metadata "iteration") and
+ * dir/train_state.safetensors (TRAIN_STATE_FORMAT, metadata "trained": "eagle_head"): AdamW's
+ * moments ("exp_avg/<name>", "exp_avg_sq/<name>" for each row of eagle_trainer_params) and step,
+ * p, and the noise's count. */
+enum status eagle_trainer_save_checkpoint(struct eagle_trainer *e, const char *dir, const struct eagle_progress *p);
+/* Reads such a checkpoint into a trainer of the same shapes (--resume): the head, the moments,
+ * the step and the noise's stream; *p where the run was. STATUS_BAD_FORMAT naming what is wrong
+ * (a missing or mis-sized tensor, not an EAGLE head's state, a head of another iteration). */
+enum status eagle_trainer_load_checkpoint(struct eagle_trainer *e, const char *dir, struct eagle_progress *p);
+
 /* The command: o->model_dir's model frozen, o->data, the schedule and AdamW of o, the token
  * map o->eagle_token_map (or none), the head written to o->out_dir/eagle_head.safetensors with
- * o->out_dir/metrics.jsonl. */
+ * its state and o->out_dir/metrics.jsonl; o->resume_dir (resolved: a checkpoint directory)
+ * continues a run. */
 enum status eagle_train_run(const struct train_options *o);
 
 #ifdef __cplusplus

@@ -15,8 +15,8 @@
 #include "safetensors.h"
 #include "train_checkpoint_ranks.h"
 
-#define STATE_FILE "train_state.safetensors"
-#define STATE_FORMAT "shardlm-train-state-1"
+#define STATE_FILE TRAIN_STATE_FILE
+#define STATE_FORMAT TRAIN_STATE_FORMAT
 
 enum status train_checkpoint_make_dir(const char *dir)
 {
@@ -213,19 +213,14 @@ static enum status write_payload(const char *dir, const struct ckpt_payload *p)
     return s;
 }
 
-/* Writes payload and state into DIR.tmp, then makes it DIR: a new directory appears whole; an
- * existing one (the final --out, beside metrics.jsonl) receives the files one rename each. */
-static enum status save(const char *dir, const struct ckpt_payload *p, const struct param_table *params,
-                        struct optimizer *opt, const struct train_state *st, int with_master)
+enum status train_checkpoint_write_dir(const char *dir, enum status (*write)(void *ctx, const char *tmp), void *ctx)
 {
     char tmp[4200];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
     remove_flat_dir(tmp);
     enum status s = train_checkpoint_make_dir(tmp);
-    if (s == STATUS_OK) s = write_payload(tmp, p);
-    if (s == STATUS_OK && params)
-        s = write_state(tmp, p->gathered ? NULL : p->m->b, params, opt, st, with_master);
+    if (s == STATUS_OK) s = write(ctx, tmp);
     if (s != STATUS_OK) {
         remove_flat_dir(tmp);
         return s;
@@ -233,11 +228,36 @@ static enum status save(const char *dir, const struct ckpt_payload *p, const str
     struct stat sb;
     if (stat(dir, &sb) != 0) {
         if (rename(tmp, dir) != 0) return status_errorf(STATUS_IO, "rename %s -> %s: %s", tmp, dir, strerror(errno));
-    } else if ((s = move_files(tmp, dir)) != STATUS_OK) {
-        return s;
+        return STATUS_OK;
     }
-    if (st) LOG_INFO("train", "checkpoint %s written (iteration %lld)", dir, (long long)st->iteration);
-    return STATUS_OK;
+    return move_files(tmp, dir);
+}
+
+struct save_ctx {
+    const struct ckpt_payload *p;
+    const struct param_table *params;
+    struct optimizer *opt;
+    const struct train_state *st;
+    int with_master;
+};
+
+static enum status write_checkpoint(void *ctx, const char *tmp)
+{
+    const struct save_ctx *c = ctx;
+    enum status s = write_payload(tmp, c->p);
+    if (s == STATUS_OK && c->params)
+        s = write_state(tmp, c->p->gathered ? NULL : c->p->m->b, c->params, c->opt, c->st, c->with_master);
+    return s;
+}
+
+/* Writes payload and state as one directory (train_checkpoint_write_dir). */
+static enum status save(const char *dir, const struct ckpt_payload *p, const struct param_table *params,
+                        struct optimizer *opt, const struct train_state *st, int with_master)
+{
+    struct save_ctx c = {p, params, opt, st, with_master};
+    enum status s = train_checkpoint_write_dir(dir, write_checkpoint, &c);
+    if (s == STATUS_OK && st) LOG_INFO("train", "checkpoint %s written (iteration %lld)", dir, (long long)st->iteration);
+    return s;
 }
 
 enum status train_checkpoint_save(const char *dir, struct model *m, struct model_weights *master,
@@ -363,6 +383,25 @@ enum status train_checkpoint_iteration(const char *dir, int64_t *iteration)
     *iteration = meta_i64(sf, "iteration", &ok);
     safetensors_close(sf);
     return ok ? STATUS_OK : status_errorf(STATUS_BAD_FORMAT, "%s: not a shardlm training state", path);
+}
+
+enum status train_checkpoint_check_kind(const char *dir, int eagle)
+{
+    char path[4200];
+    if (snprintf(path, sizeof path, "%s/" STATE_FILE, dir) >= (int)sizeof path)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
+    struct safetensors *sf = NULL;
+    if (safetensors_open(path, &sf) != STATUS_OK) return STATUS_OK; /* the load names what is missing */
+    const char *kind = safetensors_metadata(sf, "trained");
+    const int is_eagle = kind && !strcmp(kind, "eagle_head");
+    safetensors_close(sf);
+    if (is_eagle && !eagle)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--resume %s: an EAGLE head's checkpoint: continue it with "
+                             "--eagle-head --model (the model it drafts for)", dir);
+    if (!is_eagle && eagle)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--resume %s: a model's training checkpoint, not an EAGLE head's",
+                             dir);
+    return STATUS_OK;
 }
 
 enum status train_checkpoint_load_state(const char *dir, struct model *m, const struct param_table *params,

@@ -22,6 +22,11 @@
 #include "optimizer.h"
 #include "params.h"
 
+/* The training state's file in a checkpoint directory and its format (metadata "format"; an
+ * EAGLE head's checkpoint, eagle_train.h, carries it too, with metadata "trained": "eagle_head"). */
+#define TRAIN_STATE_FILE "train_state.safetensors"
+#define TRAIN_STATE_FORMAT "shardlm-train-state-1"
+
 struct train_state {
     int64_t iteration;          /* iterations done (skipped fp16 steps included, as Megatron) */
     int64_t consumed_tokens;
@@ -68,9 +73,19 @@ enum status train_checkpoint_save_adapter_whole(const char *dir, struct model *m
  * One rank only: STATUS_UNSUPPORTED when m is split over several ranks. */
 enum status train_checkpoint_write_model(const char *dir, struct model *m);
 
+/* Has write(ctx, tmp) fill DIR.tmp (made empty first), then makes it dir: a new directory
+ * appears whole (one rename); an existing one (the final --out, beside metrics.jsonl) receives
+ * the files one rename each. On failure DIR.tmp is removed and dir is untouched. */
+enum status train_checkpoint_write_dir(const char *dir, enum status (*write)(void *ctx, const char *tmp), void *ctx);
+
 /* Removes a checkpoint directory (its files, then the directory: checkpoints are flat).
  * STATUS_IO when it is still there afterwards. */
 enum status train_checkpoint_remove(const char *dir);
+
+/* Whether dir's training state is of the kind a run continues (eagle: an EAGLE head's, metadata
+ * "trained": "eagle_head"; else a model's or adapter's): STATUS_INVALID_ARGUMENT naming the
+ * other. STATUS_OK when dir has no state (the load then names what is missing). */
+enum status train_checkpoint_check_kind(const char *dir, int eagle);
 
 /* The iteration recorded in dir/train_state.safetensors (its metadata only). */
 enum status train_checkpoint_iteration(const char *dir, int64_t *iteration);

@@ -682,6 +682,7 @@ enum status train_run(const struct train_options *given)
     long long resume_iter = -1;
     if (given->resume_dir) {
         enum status st = out_dir_resolve_resume(given->resume_dir, resume, sizeof resume, &resume_iter);
+        if (st == STATUS_OK) st = train_checkpoint_check_kind(resume, given->eagle);
         if (st != STATUS_OK) return st;
         resolved.resume_dir = resume;
     }
