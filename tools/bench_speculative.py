@@ -13,7 +13,7 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
       [--spec-draft 4] [--spec-p-min P[,P2...]] [--spec-ngram-min M[,M2...]] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
-      [--token-map MAP.json] [--eagle HEAD.safetensors ...] [--lookup-first] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
+      [--token-map MAP.json] [--eagle HEAD.safetensors[@MAP.json] ...] [--lookup-first] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
       --llama-draft DRAFT.gguf]
       [--batches 1,16] [--open] [--rounds N] [--only NAME,...] [--serve-arg=ARG ...] [--temperature T] [--json-schema TEXT]
       [--generate]
@@ -172,7 +172,8 @@ def main():
     ap.add_argument("--token-map", help="also run each --draft-model with --spec-token-map FILE (and every --eagle "
                     "head with it)")
     ap.add_argument("--eagle", action="append", default=[], help="also speculate with this EAGLE head "
-                    "(--speculative eagle --draft-model HEAD.safetensors: tools/eagle_probe.py export)")
+                    "(--speculative eagle --draft-model HEAD.safetensors: shardlm train --eagle-head); "
+                    "HEAD@MAP.json: with that token map in place of --token-map's")
     ap.add_argument("--lookup-first", action="store_true", help="also run every --draft-model and --eagle head "
                     "with --spec-ngram 3: prompt lookup first, the draft where nothing matches")
     ap.add_argument("--no-prior", action="store_true", help="SHARDLM_SPEC_PRIOR=0 for the speculative servers: "
@@ -229,13 +230,16 @@ def main():
     if a.token_map:
         configs += [(f"draft {d} + map", ["--speculative", "draft", "--draft-model", d, "--spec-token-map", a.token_map,
                                           *spec]) for d in a.draft_model]
-    cut = ["--spec-token-map", a.token_map] if a.token_map else []
-    configs += [("eagle " + h, ["--speculative", "eagle", "--draft-model", h, *cut, *spec]) for h in a.eagle]
+    def head_of(h):  # HEAD or HEAD@MAP: a head with its own token map in place of --token-map's
+        path, _, own = h.partition("@")
+        m = own or a.token_map
+        return ["--draft-model", path, *(["--spec-token-map", m] if m else [])]
+    configs += [("eagle " + h, ["--speculative", "eagle", *head_of(h), *spec]) for h in a.eagle]
     if a.lookup_first:
         configs += [(f"ngram + draft {d}", ["--speculative", "draft", "--draft-model", d, "--spec-ngram", "3", *look,
                                             *spec]) for d in a.draft_model]
-        configs += [(f"ngram + eagle {h}", ["--speculative", "eagle", "--draft-model", h, *cut, "--spec-ngram", "3",
-                                             *look, *spec]) for h in a.eagle]
+        configs += [(f"ngram + eagle {h}", ["--speculative", "eagle", *head_of(h), "--spec-ngram", "3", *look, *spec])
+                    for h in a.eagle]
     for p in p_mins[1:]:  # each draft or head server again with each further threshold
         configs += [(f"{name}, p_min {p}", [*flags[:-1], p]) for name, flags in configs
                     if flags[-2:] == ["--spec-p-min", p_mins[0]]]
