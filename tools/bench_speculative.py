@@ -13,7 +13,7 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
       [--spec-draft 4] [--spec-p-min P[,P2...]] [--spec-ngram-min M[,M2...]] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
-      [--token-map MAP.json] [--eagle HEAD.safetensors[@MAP.json] ...] [--lookup-first] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
+      [--token-map MAP.json] [--eagle HEAD.safetensors[@MAP.json] ...] [--lookup-first] [--llama-server .cache/llama.cpp/build-srv/bin/llama-server] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
       --llama-draft DRAFT.gguf]
       [--batches 1,16] [--open] [--rounds N] [--only NAME,...] [--serve-arg=ARG ...] [--temperature T] [--json-schema TEXT]
       [--generate]
@@ -116,6 +116,53 @@ def llama_lookup(binary, model, prompts, max_tokens, threads, draft, extra=()):
     return answers, n, t, drafted, accepted
 
 
+def llama_server(binary, model, prompts, max_tokens, threads, extra=()):
+    """llama.cpp's llama-server on the same file (one slot, its own chat template), the prompts
+    one at a time through /v1/chat/completions, greedy: (answers, decoded tokens, decode seconds,
+    drafted, accepted) from each response's "timings"; extra: its speculative flags."""
+    import socket
+    import urllib.request
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+                             "-np", "1", "-c", "8192", *extra], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(600):  # up to 120 s to load
+            if proc.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"{binary} exited ({proc.returncode}): {log.read()[-2000:].decode(errors='replace')}")
+        answers, n, t, drafted, accepted = [], 0, 0.0, 0, 0
+        for p in prompts:
+            body = json.dumps({"messages": [{"role": "user", "content": p}], "max_tokens": max_tokens,
+                               "temperature": 0}).encode()
+            req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=600) as r:
+                res = json.load(r)
+            tm = res["timings"]
+            n, t = n + tm["predicted_n"], t + tm["predicted_ms"] / 1000.0
+            drafted, accepted = drafted + tm.get("draft_n", 0), accepted + tm.get("draft_n_accepted", 0)
+            answers.append(res["choices"][0]["message"]["content"])
+        return answers, n, t, drafted, accepted
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def generate_runs(a, prompts):
     """--generate: `shardlm generate` (one process a prompt, the prompt rendered by the GGUF's chat
     template, greedy) without and with `--speculative ngram`, a.rounds rounds alternating; prints
@@ -167,6 +214,8 @@ def main():
                     "--spec-p-min P (prompt lookup alone does not); P1,P2,...: each of them is also run with each "
                     "further P")
     ap.add_argument("--spec-max-batch", type=int, default=None, help="the server's --spec-max-batch (default: its own)")
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server, run on the same file and questions at batch 1 "
+                    "without and with its prompt lookup (--spec-type ngram-simple), --rounds times")
     ap.add_argument("--llama-lookup", help="llama.cpp's llama-lookup, run on the same file and questions")
     ap.add_argument("--draft-model", action="append", default=[], help="also speculate with this draft model")
     ap.add_argument("--token-map", help="also run each --draft-model with --spec-token-map FILE (and every --eagle "
@@ -297,6 +346,25 @@ def main():
               f"{d1} drafted, {k1} accepted ({100 * k1 / max(d1, 1):.1f}%); {same} of {len(b0)} answers identical")
         print(f"shardlm / llama.cpp at batch 1: without speculation {(n0 / t0) / (m0 / u0):.2f}x, with "
               f"{(n1 / t1) / (m1 / u1):.2f}x")
+    if a.llama_server and 1 in batches:
+        # llama-server's prompt lookup (ngram-simple: a match of --spec-ngram 3 tokens, --spec-draft
+        # tokens drafted, as shardlm's here), a.rounds rounds alternating with it plain.
+        flags = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m",
+                 str(a.spec_draft)]
+        rounds = []
+        for _ in range(a.rounds):
+            b0, m0, u0, _, _ = llama_server(a.llama_server, a.model, prompts, a.max_tokens, a.threads)
+            b1, m1, u1, d1, k1 = llama_server(a.llama_server, a.model, prompts, a.max_tokens, a.threads, flags)
+            rounds.append((m0 / u0, m1 / u1))
+            same = sum(x == y for x, y in zip(b0, b1))
+            print(f"llama-server, batch 1: decode {m0 / u0:8.1f} tok/s without, {m1 / u1:8.1f} tok/s with "
+                  f"{' '.join(flags)}: {(m1 / u1) / (m0 / u0):.2f}x; {d1} drafted, {k1} accepted "
+                  f"({100 * k1 / max(d1, 1):.1f}%); {same} of {len(b0)} answers identical")
+        r = [y / x for x, y in rounds]
+        print("llama-server, batch 1: ratios " + " / ".join(f"{x:.2f}x" for x in sorted(r)) +
+              f", median {statistics.median(r):.2f}x; without speculation median "
+              f"{statistics.median(x for x, _ in rounds):.1f} tok/s against shardlm's "
+              f"{statistics.median(speeds[('none', 1)]):.1f}")
     if a.llama_speculative and 1 in batches:
         # Its own baseline: llama-speculative-simple refuses a draft length of 0 (an assertion),
         # so the decode without speculation is llama-lookup's at --spec-draft-n-max 0 when given.
