@@ -424,13 +424,12 @@ enum status eagle_trainer_load(struct eagle_trainer *e, const struct safetensors
     struct eagle_head_tensor list[EAGLE_HEAD_TENSORS];
     eagle_head_tensors(h, list);
     list[1].optional = 0; /* the trainer's head has a bias: a file without one is not its shape */
-    const char *what = path;
     enum status st = STATUS_OK;
     float *host = NULL, *half = malloc((size_t)(2 * D * D) * sizeof *half);
     if (!half) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
     for (int i = 0; i < EAGLE_HEAD_TENSORS && st == STATUS_OK; i++) {
         int absent = 0;
-        if ((st = eagle_head_read(sf, what, "the head", &list[i], &host, &absent)) != STATUS_OK) break;
+        if ((st = eagle_head_read(sf, path, "the head", &list[i], &host, &absent)) != STATUS_OK) break;
         if (list[i].t) {
             backend_upload(e->b, list[i].t->data, host, tensor_nbytes(list[i].t));
             continue;
@@ -542,8 +541,12 @@ static enum status write_checkpoint(void *ctx, const char *dir)
         const char *key;
         int64_t v;
     } meta[] = {
-        {"iteration", c->p->iteration},       {"data_epoch", c->p->cursor.epoch}, {"data_index", c->p->cursor.index},
-        {"seed", (int64_t)c->p->cursor.seed}, {"optimizer_step", e->opt.step},    {"noise_calls", (int64_t)e->noise_calls},
+        {"iteration", c->p->iteration},
+        {"data_epoch", c->p->cursor.epoch},
+        {"data_index", c->p->cursor.index},
+        {"seed", (int64_t)c->p->cursor.seed},
+        {"optimizer_step", e->opt.step},
+        {"noise_calls", (int64_t)e->noise_calls},
     };
     for (size_t i = 0; i < sizeof meta / sizeof meta[0] && st == STATUS_OK; i++) {
         snprintf(value, sizeof value, "%lld", (long long)meta[i].v);

@@ -82,10 +82,10 @@ double eagle_trainer_step(struct eagle_trainer *e, double lr);
  * and "fc_emb", "fc_feat", "fc_bias"; and their gradients, row for row. */
 const struct param_table *eagle_trainer_params(const struct eagle_trainer *e);
 
-/* Replaces the head's weights with those of an open EAGLE-1 head file (path: for messages) of
- * the same shapes (as eagle_trainer_save writes them, or tools/eagle_probe.py export): a head
- * continued on more data (--eagle-init). STATUS_INVALID_ARGUMENT naming a missing or mis-shaped
- * tensor. */
+/* Replaces the head's weights with those of an open EAGLE-1 head file (path: how messages name
+ * it, e.g. "--eagle-init FILE") of the same shapes (as eagle_trainer_save writes them, or
+ * tools/eagle_probe.py export): a head continued on more data (--eagle-init) or a run resumed.
+ * STATUS_INVALID_ARGUMENT naming a missing or mis-shaped tensor. */
 struct safetensors;
 enum status eagle_trainer_load(struct eagle_trainer *e, const struct safetensors *sf, const char *path);
 
