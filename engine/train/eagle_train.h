@@ -16,7 +16,8 @@
  * One rank, f32 (the CPU, or one GPU): refused by name otherwise. Checkpoints every
  * --save-interval iterations (OUT/checkpoints/iter_N, --keep-checkpoints), on a stop signal, and
  * at the end (OUT); --resume continues one bit for bit.
- * Not here: the model's own training (trainer.c), serving the head (engine/serving/draft.c).
+ * Here: the trainer (eagle_train.c) and the command (eagle_run.c). Not here: the model's own
+ * training (trainer.c), serving the head (engine/serving/draft.c).
  * Tests: tests/test_train_eagle.py (steps against JAX + optax; the head served). */
 #ifndef SHARDLM_EAGLE_TRAIN_H
 #define SHARDLM_EAGLE_TRAIN_H
@@ -31,6 +32,9 @@ extern "C" {
 #endif
 
 struct eagle_trainer;
+
+/* The head's file in an --out or checkpoint directory. */
+#define EAGLE_HEAD_FILE "eagle_head.safetensors"
 
 /* A head of ffn MLP rows (0: the target's ffn_hidden) for target (one rank, f32, borrowed:
  * it must outlive the trainer), micro-batches of at most max_tokens rows, AdamW per o (its lr
