@@ -570,16 +570,6 @@ enum status eagle_trainer_save_checkpoint(struct eagle_trainer *e, const char *d
     return st;
 }
 
-/* A metadata integer of a checkpoint's file; *ok = 0 when absent or not one. */
-static int64_t meta_int(const struct safetensors *sf, const char *key, int *ok)
-{
-    const char *v = safetensors_metadata(sf, key);
-    char *end = NULL;
-    const long long x = v ? strtoll(v, &end, 10) : 0;
-    if (!v || !end || *end || end == v) *ok = 0;
-    return (int64_t)x;
-}
-
 enum status eagle_trainer_load_checkpoint(struct eagle_trainer *e, const char *dir, struct eagle_progress *p)
 {
     char head[4400], state[4400], what[4500];
@@ -592,16 +582,16 @@ enum status eagle_trainer_load_checkpoint(struct eagle_trainer *e, const char *d
     if ((st = eagle_trainer_load(e, hf, what)) == STATUS_OK && (st = safetensors_open(state, &sf)) != STATUS_OK)
         st = status_errorf(st, "--resume %s: no training state: %s", dir, status_message());
     int ok = 1, same = 1;
-    const int64_t head_iter = hf ? meta_int(hf, "iteration", &same) : -1;
+    const int64_t head_iter = hf ? train_checkpoint_meta_i64(hf, "iteration", &same) : -1;
     if (st == STATUS_OK) {
         const char *fmt = safetensors_metadata(sf, "format"), *kind = safetensors_metadata(sf, "trained");
         ok = fmt && !strcmp(fmt, TRAIN_STATE_FORMAT) && kind && !strcmp(kind, "eagle_head");
-        p->iteration = meta_int(sf, "iteration", &ok);
-        p->cursor.epoch = meta_int(sf, "data_epoch", &ok);
-        p->cursor.index = meta_int(sf, "data_index", &ok);
-        p->cursor.seed = (uint64_t)meta_int(sf, "seed", &ok);
-        e->opt.step = meta_int(sf, "optimizer_step", &ok);
-        e->noise_calls = (uint64_t)meta_int(sf, "noise_calls", &ok);
+        p->iteration = train_checkpoint_meta_i64(sf, "iteration", &ok);
+        p->cursor.epoch = train_checkpoint_meta_i64(sf, "data_epoch", &ok);
+        p->cursor.index = train_checkpoint_meta_i64(sf, "data_index", &ok);
+        p->cursor.seed = (uint64_t)train_checkpoint_meta_i64(sf, "seed", &ok);
+        e->opt.step = train_checkpoint_meta_i64(sf, "optimizer_step", &ok);
+        e->noise_calls = (uint64_t)train_checkpoint_meta_i64(sf, "noise_calls", &ok);
         e->noise_seed = p->cursor.seed;
         if (!ok) st = status_errorf(STATUS_BAD_FORMAT, "--resume %s: not an EAGLE head's training state", state);
         else if (!same || head_iter != p->iteration)

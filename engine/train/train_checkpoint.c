@@ -312,7 +312,7 @@ enum status train_checkpoint_write_model(const char *dir, struct model *m)
     return save(dir, &p, NULL, NULL, NULL, 0);
 }
 
-static int64_t meta_i64(const struct safetensors *sf, const char *key, int *ok)
+int64_t train_checkpoint_meta_i64(const struct safetensors *sf, const char *key, int *ok)
 {
     const char *v = safetensors_metadata(sf, key);
     char *end = NULL;
@@ -380,7 +380,7 @@ enum status train_checkpoint_iteration(const char *dir, int64_t *iteration)
     if (s != STATUS_OK) return s;
     const char *fmt = safetensors_metadata(sf, "format");
     int ok = fmt && !strcmp(fmt, STATE_FORMAT);
-    *iteration = meta_i64(sf, "iteration", &ok);
+    *iteration = train_checkpoint_meta_i64(sf, "iteration", &ok);
     safetensors_close(sf);
     return ok ? STATUS_OK : status_errorf(STATUS_BAD_FORMAT, "%s: not a shardlm training state", path);
 }
@@ -419,16 +419,16 @@ enum status train_checkpoint_load_state(const char *dir, struct model *m, const 
     }
     const char *fmt = safetensors_metadata(sf, "format");
     int ok = fmt && !strcmp(fmt, STATE_FORMAT);
-    st->iteration = meta_i64(sf, "iteration", &ok);
-    st->consumed_tokens = meta_i64(sf, "consumed_tokens", &ok);
-    st->cursor.epoch = meta_i64(sf, "data_epoch", &ok);
-    st->cursor.index = meta_i64(sf, "data_index", &ok);
-    st->cursor.seed = (uint64_t)meta_i64(sf, "seed", &ok);
-    const int64_t step = meta_i64(sf, "optimizer_step", &ok);
+    st->iteration = train_checkpoint_meta_i64(sf, "iteration", &ok);
+    st->consumed_tokens = train_checkpoint_meta_i64(sf, "consumed_tokens", &ok);
+    st->cursor.epoch = train_checkpoint_meta_i64(sf, "data_epoch", &ok);
+    st->cursor.index = train_checkpoint_meta_i64(sf, "data_index", &ok);
+    st->cursor.seed = (uint64_t)train_checkpoint_meta_i64(sf, "seed", &ok);
+    const int64_t step = train_checkpoint_meta_i64(sf, "optimizer_step", &ok);
     int ok_scaler = 1; /* absent in f32 runs' states written before fp16 existed: defaults */
-    const int64_t growth = meta_i64(sf, "loss_scale_growth_tracker", &ok_scaler);
-    const int64_t hyst = meta_i64(sf, "loss_scale_hysteresis_left", &ok_scaler);
-    const int64_t skipped = meta_i64(sf, "skipped_iterations", &ok_scaler);
+    const int64_t growth = train_checkpoint_meta_i64(sf, "loss_scale_growth_tracker", &ok_scaler);
+    const int64_t hyst = train_checkpoint_meta_i64(sf, "loss_scale_hysteresis_left", &ok_scaler);
+    const int64_t skipped = train_checkpoint_meta_i64(sf, "skipped_iterations", &ok_scaler);
     const char *scale = safetensors_metadata(sf, "loss_scale");
     if (ok_scaler && scale) {
         st->scaler.growth_tracker = (int)growth;

@@ -87,6 +87,10 @@ enum status train_checkpoint_remove(const char *dir);
  * other. STATUS_OK when dir has no state (the load then names what is missing). */
 enum status train_checkpoint_check_kind(const char *dir, int eagle);
 
+/* The integer metadata value key of sf; *ok = 0 when absent or not an integer. */
+struct safetensors;
+int64_t train_checkpoint_meta_i64(const struct safetensors *sf, const char *key, int *ok);
+
 /* The iteration recorded in dir/train_state.safetensors (its metadata only). */
 enum status train_checkpoint_iteration(const char *dir, int64_t *iteration);
 
