@@ -101,6 +101,7 @@
 #include "ops.h"
 #include "parallel.h"
 #include "server.h"
+#include "spec_corpus.h"
 
 static int usage(const char *fmt, const char *arg)
 {
@@ -148,6 +149,11 @@ static int usage(const char *fmt, const char *arg)
                     "  --spec-p-min P  beside --draft-model: a step's drafts stop where the draft's best token has a\n"
                     "                 probability below P (llama.cpp's --draft-p-min; a request's\n"
                     "                 speculative_p_min overrides it) [0: off]\n"
+                    "  --spec-corpus FILE[,FILE...] [--spec-corpus-min M (3)] [--spec-corpus-p-min P (0.1)]\n"
+                    "                 beside --speculative: drafts from the model turns of FILE (read as shardlm\n"
+                    "                 train reads data: its own earlier answers, tools/distill_data.py) where\n"
+                    "                 prompt lookup finds nothing, before a draft model: the continuation most\n"
+                    "                 occurrences of the last M or more tokens share, while that share stays >= P\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
                     "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n"
                     "  --lora NAME=DIR          serve the PEFT adapter in DIR unmerged as NAME; a request picks it by\n"
@@ -307,6 +313,17 @@ int serve_main(int argc, char **argv)
             if (number_in(v, 0, 1, &p_min)) return usage("--spec-p-min must be a number in [0, 1], got '%s'", v);
             o.engine.spec_p_min = (float)p_min;
             p_min_given = 1;
+        } else if (!strcmp(a, "--spec-corpus")) {
+            o.spec_corpus = v;
+        } else if (!strcmp(a, "--spec-corpus-min")) {
+            if (base_parse_long(v, 1, SPEC_CORPUS_MAX_MATCH, &n))
+                return usage("--spec-corpus-min must be an integer in [1, 32], got '%s'", v);
+            o.engine.spec_corpus_min = (int)n;
+        } else if (!strcmp(a, "--spec-corpus-p-min")) {
+            double p_min;
+            if (number_in(v, 1, 1, &p_min))
+                return usage("--spec-corpus-p-min must be a number in (0, 1], got '%s'", v);
+            o.engine.spec_corpus_p_min = (float)p_min;
         } else if (!strcmp(a, "--verify-prefix-cache")) {
             if (number_in(v, 0, 1, &o.engine.verify_prefix_cache))
                 return usage("--verify-prefix-cache must be a fraction in [0, 1], got '%s'", v);
@@ -455,6 +472,10 @@ int serve_main(int argc, char **argv)
                      "with --spec-ngram N for prompt lookup first and the draft where nothing matches)%s", "");
     o.engine.spec_lookup_first = ngram_given && o.engine.draft_model_dir;
     if (ngram_given && !o.engine.spec_draft) o.engine.spec_draft = 5; /* --spec-ngram alone: prompt lookup */
+    if ((o.engine.spec_corpus_min || o.engine.spec_corpus_p_min > 0) && !o.spec_corpus)
+        return usage("--spec-corpus-min and --spec-corpus-p-min need --spec-corpus FILE%s", "");
+    if (o.spec_corpus && !o.engine.spec_draft)
+        return usage("--spec-corpus needs speculation on (--speculative ngram, or a --draft-model)%s", "");
     if (!n_models) return usage("--model DIR is required%s", "");
     /* Each model's adapters, grouped: the first model's go to engine, the others' to their spec. */
     const char *by_names[SERVE_MAX_ADAPTERS], *by_dirs[SERVE_MAX_ADAPTERS];

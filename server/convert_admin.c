@@ -158,6 +158,8 @@ enum status convert_server_stats_response(const struct server_stats_out *s, uint
     m.spec_backoffs = e->spec_backoffs;
     m.spec_lookup_draft_tokens = e->spec_lookup_drafted;
     m.spec_lookup_accepted_tokens = e->spec_lookup_accepted;
+    m.spec_corpus_draft_tokens = e->spec_corpus_drafted;
+    m.spec_corpus_accepted_tokens = e->spec_corpus_accepted;
     m.prefix_cache_verified = e->prefix_cache_verified;
     m.prefix_cache_mismatches = e->prefix_cache_mismatches;
     m.prefix_cache_verify_skipped = e->prefix_cache_verify_skipped;

@@ -205,7 +205,7 @@ static void model_label(const struct metrics_model *ms, int n, int i, int more, 
  * replica when there are several; one series per model (label `model`) when there are several. */
 static void render_engines(struct text *t, const struct metrics_model *ms, int n_models)
 {
-    enum { N_ROWS = 22 };
+    enum { N_ROWS = 24 };
     struct row {
         const char *name, *type, *help;
         double v;
@@ -243,6 +243,11 @@ static void render_engines(struct text *t, const struct metrics_model *ms, int n
              (double)st.spec_lookup_drafted},
             {"shardlm_spec_decode_num_lookup_accepted_tokens_total", "counter",
              "Of the draft tokens accepted, those prompt lookup drafted.", (double)st.spec_lookup_accepted},
+            {"shardlm_spec_decode_num_corpus_draft_tokens_total", "counter",
+             "Of the draft tokens verified, those the speculative corpus drafted (--spec-corpus).",
+             (double)st.spec_corpus_drafted},
+            {"shardlm_spec_decode_num_corpus_accepted_tokens_total", "counter",
+             "Of the draft tokens accepted, those the speculative corpus drafted.", (double)st.spec_corpus_accepted},
             {"shardlm_spec_decode_num_backoffs_total", "counter",
              "Times a sequence stopped drafting for low acceptance (the adaptive rule).", (double)st.spec_backoffs},
             {"shardlm_prefix_cache_verified_total", "counter",

@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "chat_template.h"
+#include "data.h"
 #include "http_internal.h"
 #include "metrics.h"
 #include "reflection.h"
@@ -245,6 +246,46 @@ static enum status choose_chat_template(const struct server *s, struct served_mo
     return STATUS_OK;
 }
 
+/* --spec-corpus: the files read as `shardlm train` reads its data (data_load: every format, this
+ * model's tokenizer and chat template, errors naming the file and line), and every run of tokens
+ * the model produces there (the loss flag: an assistant turn's content and its end, a text and
+ * its EOS, a completion) made one text of the engine's corpus. */
+static enum status load_spec_corpus(const struct server *s, struct served_model *m, struct engine *e)
+{
+    struct engine_model_info info;
+    engine_get_model_info(e, &info);
+    struct data_options o = {.seq_length = info.max_positions, .overflow = DATA_OVERFLOW_TRUNCATE,
+                             .chat_template = m->tmpl, .jinja = m->jtmpl};
+    memcpy(o.bos_text, m->bos_text, sizeof o.bos_text);
+    memcpy(o.eos_text, m->eos_text, sizeof o.eos_text);
+    struct train_dataset ds = {0};
+    enum status st = data_load(s->opts.spec_corpus, m->tok, &o, &ds);
+    if (st != STATUS_OK) st = status_errorf(st, "--spec-corpus: %s", status_message());
+    int32_t *ids = st == STATUS_OK ? malloc((size_t)(2 * (ds.n ? ds.start[ds.n] : 0) + 1) * sizeof *ids) : NULL;
+    if (st == STATUS_OK && !ids) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--spec-corpus: out of host memory");
+    int64_t n = 0, texts = 0;
+    for (size_t i = 0; st == STATUS_OK && i < ds.n; i++) {
+        const uint32_t *t = data_example_tokens(&ds, i);
+        const int len = data_example_len(&ds, i);
+        for (int j = 0; j < len; j++) {
+            if (!data_token_loss(t[j])) continue;
+            ids[n++] = data_token_id(t[j]);
+            if (j + 1 == len || !data_token_loss(t[j + 1])) ids[n++] = -1, texts++; /* the run's end */
+        }
+    }
+    if (st == STATUS_OK && !texts)
+        st = status_errorf(STATUS_INVALID_ARGUMENT, "--spec-corpus %s: no text a model produces (no assistant turn, "
+                           "text or completion)", s->opts.spec_corpus);
+    if (st == STATUS_OK && (st = engine_set_spec_corpus(e, ids, n)) != STATUS_OK)
+        st = status_errorf(st, "--spec-corpus %s: %s", s->opts.spec_corpus, status_message());
+    if (st == STATUS_OK)
+        LOG_INFO("server", "speculative corpus: %lld texts, %lld tokens from %s", (long long)texts,
+                 (long long)(n - texts), s->opts.spec_corpus);
+    free(ids);
+    data_free(&ds);
+    return st;
+}
+
 enum status server_model_load(struct server *s, struct served_model *m)
 {
     struct engine *e = NULL;
@@ -256,6 +297,7 @@ enum status server_model_load(struct server *s, struct served_model *m)
         m->vocab_size = tokenizer_vocab_size(m->tok);
         st = choose_chat_template(s, m, e);
     }
+    if (st == STATUS_OK && s->opts.spec_corpus) st = load_spec_corpus(s, m, e);
     if (st == STATUS_OK) st = engine_start(e);
     if (st != STATUS_OK) {
         engine_free(e);

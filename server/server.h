@@ -32,6 +32,9 @@ struct server_options {
     const char *listen;          /* host:port; port 0 picks a free one (printed on stdout) */
     struct engine_options engine;
     const char *chat_template;   /* "llama2", "chatml", "plain", or NULL: chosen from the model */
+    const char *spec_corpus;     /* --spec-corpus FILE[,FILE...]: training-format files whose model
+                                    turns every served model drafts from (engine_set_spec_corpus);
+                                    NULL: none */
     const char *reasoning_format; /* "deepseek" (split <think>...</think> into reasoning_content),
                                      "none", or NULL / "auto": deepseek when the Jinja template
                                      holds <think> (server/tool_format.h) */

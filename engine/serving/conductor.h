@@ -53,6 +53,7 @@ void        conductor_embed_cancel(struct conductor *c, const struct engine_embe
 
 int         conductor_step(struct conductor *c);
 enum status conductor_start(struct conductor *c);
+enum status conductor_set_spec_corpus(struct conductor *c, const int32_t *ids, int64_t n); /* engine_set_spec_corpus */
 void        conductor_drain(struct conductor *c, double timeout_s);
 enum status conductor_run_worker(struct conductor *c); /* ranks other than the first */
 void        conductor_get_stats(struct conductor *c, struct engine_stats *s);

@@ -60,6 +60,7 @@ struct conductor {
      * draft distributions of sampled drafting sequences, (draft.n_slots, spec_draft, vocab),
      * and the target's distribution of the row being verified (vocab). */
     struct draft    draft;
+    struct spec_corpus *corpus;  /* drafts from a corpus (engine_set_spec_corpus), or NULL */
     float   *spec_q, *spec_p;
     float   *eagle_hidden;       /* EAGLE: the step's hidden states, (max_batch_tokens, d_model): on the
                                     first rank, and at pp > 1 on the last stage's first tp rank */

@@ -12,6 +12,7 @@
 
 #include "generate.h"
 #include "grammar.h"
+#include "spec_corpus.h"
 #include "tokenizer.h"
 
 /* The KV pool in blocks: bytes, a fraction of free memory, blocks, or enough for max_seqs full
@@ -226,6 +227,7 @@ void conductor_free(struct conductor *c)
     sampler_free(&c->smp);
     conductor_presample_free(c);
     draft_free(&c->draft);
+    spec_corpus_free(c->corpus);
     free(c->spec_q);
     free(c->spec_p);
     free(c->eagle_hidden);

@@ -28,6 +28,7 @@
 
 #include "draft.h"
 #include "grammar.h"
+#include "spec_corpus.h"
 
 /* The adaptive rule's constants (docs/speculative.md). */
 #define SPEC_MAX_DRAFT      32  /* --spec-draft's and speculative_n_max's upper bound */
@@ -249,6 +250,8 @@ void speculate(struct conductor *c)
     if (rows < budget) budget = rows;
     const int ngram = c->o.spec_ngram > 0 ? c->o.spec_ngram : 3;
     const int ngram_min = c->o.spec_ngram_min > 0 ? c->o.spec_ngram_min : 2;
+    const int corpus_min = c->o.spec_corpus_min > 0 ? c->o.spec_corpus_min : SPEC_CORPUS_MIN_DEFAULT;
+    const float corpus_p_min = c->o.spec_corpus_p_min > 0.0f ? c->o.spec_corpus_p_min : SPEC_CORPUS_P_MIN_DEFAULT;
     struct seq *ds[DRAFT_MAX_SLOTS];
     int want[DRAFT_MAX_SLOTS], n_ds = 0;
     for (int i = 0; i < sc->n_running && budget > 0; i++) {
@@ -270,13 +273,19 @@ void speculate(struct conductor *c)
         if (max > left) max = left;
         if (max > room) max = room;
         if (max <= 0) continue;
-        /* prompt lookup (room: n_prompt + max_tokens + 1), alone or first; the draft model where it
-         * finds nothing */
-        const int k = !c->draft.m || c->o.spec_lookup_first ? lookup_draft(s, ngram, ngram_min, max, s->tokens + s->n_tokens) : 0;
+        /* prompt lookup (room: n_prompt + max_tokens + 1), alone or first; then the corpus; the
+         * draft model where neither finds anything */
+        int32_t *room_at = s->tokens + s->n_tokens;
+        int k = !c->draft.m || c->o.spec_lookup_first ? lookup_draft(s, ngram, ngram_min, max, room_at) : 0;
+        int from = k > 0 ? SPEC_FROM_LOOKUP : 0;
+        if (!k && c->corpus) {
+            k = spec_corpus_draft(c->corpus, s->tokens, s->n_tokens, corpus_min, corpus_p_min, max, room_at, NULL);
+            from = k > 0 ? SPEC_FROM_CORPUS : 0;
+        }
         if (k > 0 || !c->draft.m) {
             s->n_tokens += k;
             s->n_draft = k;
-            s->spec_lookup = 1;
+            s->spec_lookup = from;
             budget -= k;
             continue;
         }
@@ -286,6 +295,25 @@ void speculate(struct conductor *c)
         budget -= max;
     }
     if (n_ds) propose(c, ds, want, n_ds);
+}
+
+enum status conductor_set_spec_corpus(struct conductor *c, const int32_t *ids, int64_t n)
+{
+    if (c->thread_running)
+        return status_errorf(STATUS_FAILED_PRECONDITION, "a speculative corpus is given before the engine starts");
+    if (c->o.spec_draft <= 0)
+        return status_errorf(STATUS_FAILED_PRECONDITION, "a speculative corpus needs speculation on (--speculative)");
+    const int V = c->m->cfg.vocab_size;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] >= V)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "speculative corpus: id %d at %lld is outside the vocabulary (%d)",
+                                 ids[i], (long long)i, V);
+    struct spec_corpus *corpus = NULL;
+    enum status st = spec_corpus_new(ids, n, &corpus);
+    if (st != STATUS_OK) return st;
+    spec_corpus_free(c->corpus);
+    c->corpus = corpus;
+    return STATUS_OK;
 }
 
 /* The adaptive rule, after s verified n_ver drafts and accepted n_accepted of them. The length
@@ -422,9 +450,12 @@ void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_v
     pthread_mutex_lock(&c->mu);
     c->stats.spec_drafted += (uint64_t)n_ver;
     c->stats.spec_accepted += (uint64_t)n_accepted;
-    if (s->spec_lookup) {
+    if (s->spec_lookup == SPEC_FROM_LOOKUP) {
         c->stats.spec_lookup_drafted += (uint64_t)n_ver;
         c->stats.spec_lookup_accepted += (uint64_t)n_accepted;
+    } else if (s->spec_lookup == SPEC_FROM_CORPUS) {
+        c->stats.spec_corpus_drafted += (uint64_t)n_ver;
+        c->stats.spec_corpus_accepted += (uint64_t)n_accepted;
     }
     c->stats.spec_backoffs += (uint64_t)backoff;
     pthread_mutex_unlock(&c->mu);

@@ -13,6 +13,7 @@
 #include "parallel.h"
 #include "request.h"
 #include "router.h"
+#include "spec_corpus.h"
 
 struct engine {
     struct conductor *local;      /* without data parallelism */
@@ -59,6 +60,12 @@ static enum status resolve_options(const struct engine_options *opt, struct engi
                              o.verify_prefix_cache);
     if (!(o.spec_p_min >= 0 && o.spec_p_min <= 1))
         return status_errorf(STATUS_INVALID_ARGUMENT, "spec_p_min must be in [0, 1], got %g", (double)o.spec_p_min);
+    if (o.spec_corpus_min < 0 || o.spec_corpus_min > SPEC_CORPUS_MAX_MATCH)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "spec_corpus_min must be in [0 (= 3), %d], got %d",
+                             SPEC_CORPUS_MAX_MATCH, o.spec_corpus_min);
+    if (!(o.spec_corpus_p_min >= 0 && o.spec_corpus_p_min <= 1))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "spec_corpus_p_min must be in [0, 1], got %g",
+                             (double)o.spec_corpus_p_min);
     if (o.spec_ngram_min < 0 || o.spec_ngram_min > (o.spec_ngram > 0 ? o.spec_ngram : 3))
         return status_errorf(STATUS_INVALID_ARGUMENT, "spec_ngram_min must be in [0 (= 2), spec_ngram %d], got %d",
                              o.spec_ngram > 0 ? o.spec_ngram : 3, o.spec_ngram_min);
@@ -199,6 +206,13 @@ enum status engine_run_worker(struct engine *e)
 {
     CHECK(!engine_is_conductor(e), "engine_run_worker on the conductor");
     return e->router ? router_run(e->router) : conductor_run_worker(e->local);
+}
+
+enum status engine_set_spec_corpus(struct engine *e, const int32_t *ids, int64_t n)
+{
+    if (e->router)
+        return status_errorf(STATUS_UNSUPPORTED, "a speculative corpus serves one replica: dp %d given", engine_replicas(e));
+    return conductor_set_spec_corpus(e->local, ids, n);
 }
 
 enum status engine_start(struct engine *e)

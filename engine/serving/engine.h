@@ -109,6 +109,15 @@ struct engine_options {
      * token is drawn, so sampled requests keep the target's distribution. 0 = drafts every position
      * the adaptive length asks for. A request's speculative_p_min overrides it. */
     float spec_p_min;
+    /* Drafts from a corpus of the model's own earlier outputs (engine_set_spec_corpus,
+     * spec_corpus.h): where prompt lookup finds nothing (or does not run: a draft model without
+     * spec_lookup_first), the continuation most occurrences of the sequence's last tokens share in
+     * the corpus, before the draft model's. spec_corpus_min: the shortest match, in [1,
+     * SPEC_CORPUS_MAX_MATCH]; 0 = 3. spec_corpus_p_min: a draft goes on while the share of the
+     * occurrences that agree with it stays at least this, in [0, 1]; 0 = 0.1 (docs/speculative.md
+     * "Drafts from a corpus": the replay that chose both). */
+    int   spec_corpus_min;
+    float spec_corpus_p_min;
     /* The draft's vocabulary cut to the token ids listed in this file (a JSON array: SGLang's
      * --speculative-token-map, FR-Spec's frequency-ranked head): its LM head computes only those
      * rows, so a draft token costs less, and its drafts are only those tokens (the target still
@@ -412,6 +421,13 @@ int engine_is_conductor(const struct engine *e);
  * gone). */
 enum status engine_run_worker(struct engine *e);
 
+/* Gives the engine a corpus to draft from (engine_options.spec_corpus_min, spec_corpus_p_min;
+ * spec_corpus.h): texts back to back in ids[0..n), each ended by -1 (copied and indexed). Before
+ * engine_start, with speculation on (spec_draft > 0), one replica (dp 1):
+ * STATUS_FAILED_PRECONDITION or STATUS_UNSUPPORTED naming what is missing otherwise;
+ * STATUS_INVALID_ARGUMENT for an id outside the vocabulary. A second call replaces the first. */
+enum status engine_set_spec_corpus(struct engine *e, const int32_t *ids, int64_t n);
+
 /* Starts the engine thread, which steps while there is work and sleeps otherwise. */
 enum status engine_start(struct engine *e);
 /* Refuses new submissions (STATUS_UNAVAILABLE), lets running and queued requests finish for up
@@ -430,6 +446,8 @@ struct engine_stats {
     uint64_t spec_lookup_drafted, spec_lookup_accepted; /* of those, the ones prompt lookup drafted
                                                (all of them with --speculative ngram; the lookup
                                                share beside a draft model, spec_lookup_first) */
+    uint64_t spec_corpus_drafted, spec_corpus_accepted; /* of those, the ones the corpus drafted
+                                               (engine_set_spec_corpus) */
     uint64_t spec_backoffs;                 /* times a sequence stopped drafting for low acceptance
                                                (docs/speculative.md, the adaptive rule) */
     /* --verify-prefix-cache (conductor_verify.c): prompts served from the prefix cache and

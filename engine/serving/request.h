@@ -150,6 +150,9 @@ struct request {
 
 enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
 
+/* Where a step's draftless drafts came from (seq.spec_lookup). */
+enum spec_from { SPEC_FROM_LOOKUP = 1, SPEC_FROM_CORPUS = 2 };
+
 /* One sample of a request: its tokens, KV block table and text not yet emitted. */
 struct seq {
     struct request *req;          /* borrowed; NULL once the sample finished */
@@ -191,7 +194,8 @@ struct seq {
     int      spec_resume_at;      /* n_generated from which it drafts again after a backoff */
     int      spec_backoff;        /* generated tokens of its next backoff; 0 = the first */
     int      draft_slot;          /* draft model: 1 + its cache slot (draft.h), 0 = none */
-    int      spec_lookup;         /* this step's drafts came from prompt lookup (not the draft model) */
+    int      spec_lookup;         /* where this step's drafts came from when not from the draft model:
+                                     SPEC_FROM_LOOKUP (prompt lookup), SPEC_FROM_CORPUS; 0 otherwise */
     const float *spec_q;          /* draft model, sampled: the draft's distribution of each draft
                                      (n_draft, vocab), borrowed from the conductor; NULL = one-hot */
     char    *held;                /* (cap_held) text not yet emitted (stop-string look-back) */

@@ -723,6 +723,8 @@ void router_get_stats(struct router *r, struct engine_stats *out)
         out->spec_accepted += s->spec_accepted;
         out->spec_lookup_drafted += s->spec_lookup_drafted;
         out->spec_lookup_accepted += s->spec_lookup_accepted;
+        out->spec_corpus_drafted += s->spec_corpus_drafted;
+        out->spec_corpus_accepted += s->spec_corpus_accepted;
         out->spec_backoffs += s->spec_backoffs;
         out->prefix_cache_verified += s->prefix_cache_verified;
         out->prefix_cache_mismatches += s->prefix_cache_mismatches;

@@ -1,0 +1,46 @@
+/* engine/serving/spec_corpus.h - drafts from a corpus of the model's own earlier outputs
+ * (suffix decoding, Oliaro et al. 2024 / Arctic Inference; docs/speculative.md "Drafts from a
+ * corpus"): a suffix array over the corpus's texts; a sequence's last tokens are looked up in it
+ * and the continuation most of their occurrences share is proposed, as far as the share of
+ * occurrences that agree stays above a threshold.
+ *
+ * The rule, exactly (tests/test_spec_corpus.c checks it against a scan of every position):
+ * let ctx be the sequence's tokens. For n from n_min to min(|ctx|, SPEC_CORPUS_MAX_MATCH), the
+ * occurrences of n are the (text, position i) where the text's tokens i .. i + n - 1 equal ctx's
+ * last n tokens and the text goes on after them; n* is the largest n with any (a longer match has
+ * occurrences only where a shorter one has, so the search stops at the first n without). Then,
+ * with S the occurrences of n* and o = n*: among S, the tokens at offset o (the texts that end
+ * there count as none); the most frequent, the smallest id on a tie, is drafted when its count
+ * over |S| times the shares of the drafts before it is at least p_min; S keeps the occurrences
+ * that go on with it, o grows by one, up to max drafts. Drafting stops at the first position
+ * that fails. Deterministic: no sampling, so a draft is verified as prompt lookup's are
+ * (conductor_speculate.c: one-hot q, the target's distribution kept exactly). */
+#ifndef SHARDLM_SPEC_CORPUS_H
+#define SHARDLM_SPEC_CORPUS_H
+
+#include <stdint.h>
+
+#include "base.h"
+
+#define SPEC_CORPUS_MAX_MATCH 32 /* the longest context match looked up */
+#define SPEC_CORPUS_SPAN      64 /* match + drafts at most: the suffix array orders this many tokens */
+#define SPEC_CORPUS_MIN_DEFAULT   3    /* engine_options.spec_corpus_min's 0 */
+#define SPEC_CORPUS_P_MIN_DEFAULT 0.1f /* engine_options.spec_corpus_p_min's 0 */
+
+struct spec_corpus;
+
+/* An index over texts given back to back in ids[0..n): each text ends with a -1, every other id
+ * is >= 0 (STATUS_INVALID_ARGUMENT otherwise, and for n < 2 or a last id that is not -1). The
+ * ids are copied. O(n log n) comparisons of at most SPEC_CORPUS_SPAN tokens. */
+enum status spec_corpus_new(const int32_t *ids, int64_t n, struct spec_corpus **out);
+void spec_corpus_free(struct spec_corpus *c); /* accepts NULL */
+int64_t spec_corpus_tokens(const struct spec_corpus *c); /* ids indexed, the -1s not counted */
+int64_t spec_corpus_texts(const struct spec_corpus *c);
+
+/* The drafts for the context ctx[0..n_ctx) by the rule above (n_min >= 1, p_min in [0, 1]), at
+ * most max (<= SPEC_CORPUS_SPAN - SPEC_CORPUS_MAX_MATCH) of them into out; their count, 0 when
+ * none. *matched (may be NULL) gets n*, 0 when no match. Reads only: safe from several threads. */
+int spec_corpus_draft(const struct spec_corpus *c, const int32_t *ctx, int n_ctx, int n_min, float p_min, int max,
+                      int32_t *out, int *matched);
+
+#endif

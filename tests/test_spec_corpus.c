@@ -1,0 +1,155 @@
+/* tests/test_spec_corpus.c - the corpus drafter (engine/serving/spec_corpus.c) against the rule of
+ * spec_corpus.h computed by a scan of every position of every text (written here, for the test:
+ * no suffix array), on random corpora over small vocabularies (many repeats, many ties), contexts
+ * cut from the corpus or random, every n_min, p_min and max tried; then the refusals.
+ * Prints one line per check and "N passed, M failed". */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sampler.h"
+#include "spec_corpus.h"
+
+static int n_pass, n_fail;
+
+static void check(int ok, const char *what, const char *detail)
+{
+    if (ok) n_pass++;
+    else n_fail++;
+    printf("%s %s%s%s\n", ok ? "PASS" : "FAIL", what, detail ? ": " : "", detail ? detail : "");
+}
+
+/* The rule by scanning: occurrences are (start of a text + position) pairs kept in a list. */
+static int scan_draft(const int32_t *ids, int64_t n, const int32_t *ctx, int n_ctx, int n_min, float p_min, int max,
+                      int32_t *out, int *matched)
+{
+    int64_t *occ = malloc((size_t)n * sizeof *occ), *keep = malloc((size_t)n * sizeof *keep);
+    int64_t n_occ = 0;
+    int best = 0;
+    const int top = n_ctx < SPEC_CORPUS_MAX_MATCH ? n_ctx : SPEC_CORPUS_MAX_MATCH;
+    for (int m = n_min; m <= top; m++) {
+        int64_t k = 0;
+        for (int64_t p = 0; p < n; p++) {
+            int ok = 1;
+            for (int j = 0; j < m && ok; j++) ok = ids[p + j] >= 0 && ids[p + j] == ctx[n_ctx - m + j];
+            if (ok && ids[p + m] >= 0) keep[k++] = p; /* matched, and its text goes on */
+        }
+        if (!k) break;
+        best = m;
+        memcpy(occ, keep, (size_t)k * sizeof *occ);
+        n_occ = k;
+    }
+    *matched = best;
+    int drafted = 0;
+    double share = 1.0;
+    for (int o = best; best && drafted < max && n_occ; o++) {
+        int32_t pick = -1;
+        int64_t pick_n = 0;
+        for (int64_t i = 0; i < n_occ; i++) {
+            const int32_t t = ids[occ[i] + o];
+            if (t < 0) continue;
+            int64_t c = 0;
+            for (int64_t j = 0; j < n_occ; j++) c += ids[occ[j] + o] == t;
+            if (c > pick_n || (c == pick_n && t < pick)) pick = t, pick_n = c;
+        }
+        if (!pick_n) break;
+        share *= (double)pick_n / (double)n_occ;
+        if (share < (double)p_min) break;
+        out[drafted++] = pick;
+        int64_t k = 0;
+        for (int64_t i = 0; i < n_occ; i++)
+            if (ids[occ[i] + o] == pick) occ[k++] = occ[i];
+        n_occ = k;
+    }
+    free(occ), free(keep);
+    return drafted;
+}
+
+int main(void)
+{
+    struct rng r;
+    rng_seed(&r, 20261205);
+    int agree = 0, tried = 0, with_drafts = 0, long_runs = 0;
+    char detail[256] = "";
+    for (int corpus_i = 0; corpus_i < 40; corpus_i++) {
+        const int vocab = 2 + (int)(rng_uniform(&r) * 5), n_texts = 1 + (int)(rng_uniform(&r) * 30);
+        int64_t n = 0, cap = 4096;
+        int32_t *ids = malloc((size_t)(cap + SPEC_CORPUS_SPAN) * sizeof *ids);
+        for (int t = 0; t < n_texts && n < cap - 200; t++) {
+            const int len = 1 + (int)(rng_uniform(&r) * 120);
+            /* some texts repeat an earlier stretch: long matches and long drafts */
+            const int copy = n > 80 && rng_uniform(&r) < 0.4f;
+            const int64_t from = copy ? (int64_t)(rng_uniform(&r) * (float)(n - 80)) : 0;
+            for (int i = 0; i < len; i++) {
+                const int32_t v = copy && ids[from + i] >= 0 && i < 70 ? ids[from + i] : (int32_t)(rng_uniform(&r) * (float)vocab);
+                ids[n++] = v;
+            }
+            ids[n++] = -1;
+        }
+        for (int k = 0; k < SPEC_CORPUS_SPAN; k++) ids[n + k] = -1; /* the scan reads past a text's end */
+        struct spec_corpus *c = NULL;
+        if (spec_corpus_new(ids, n, &c) != STATUS_OK) {
+            check(0, "spec_corpus_new on a random corpus", status_message());
+            free(ids);
+            continue;
+        }
+        for (int q = 0; q < 60; q++) {
+            int32_t ctx[80];
+            const int n_ctx = 1 + (int)(rng_uniform(&r) * 79);
+            const int64_t at = (int64_t)(rng_uniform(&r) * (float)(n - 1));
+            const int cut = rng_uniform(&r) < 0.7f; /* from the corpus, else random */
+            for (int i = 0; i < n_ctx; i++) {
+                const int32_t v = cut ? ids[(at + i) % n] : -1;
+                ctx[i] = v >= 0 ? v : (int32_t)(rng_uniform(&r) * (float)vocab);
+            }
+            const int n_min = 1 + (int)(rng_uniform(&r) * 4), max = 1 + (int)(rng_uniform(&r) * 32);
+            const float p_min = rng_uniform(&r) < 0.3f ? 0.0f : rng_uniform(&r);
+            int32_t got[64], want[64];
+            int m_got = -1, m_want = -1;
+            const int k_got = spec_corpus_draft(c, ctx, n_ctx, n_min, p_min, max, got, &m_got);
+            const int k_want = scan_draft(ids, n, ctx, n_ctx, n_min, p_min, max, want, &m_want);
+            const int same = k_got == k_want && m_got == m_want && !memcmp(got, want, (size_t)k_got * sizeof *got);
+            tried++;
+            agree += same;
+            with_drafts += k_want > 0;
+            long_runs += k_want >= 8;
+            if (!same && !detail[0])
+                snprintf(detail, sizeof detail, "corpus %d query %d: %d drafts (match %d), the scan %d (match %d)",
+                         corpus_i, q, k_got, m_got, k_want, m_want);
+        }
+        spec_corpus_free(c);
+        free(ids);
+    }
+    snprintf(detail + strlen(detail), sizeof detail - strlen(detail), "%s%d of %d queries agree (%d with drafts, %d with 8 or more)",
+             detail[0] ? "; " : "", agree, tried, with_drafts, long_runs);
+    check(agree == tried && with_drafts > tried / 4 && long_runs > 20, "drafts equal the scan's", detail);
+
+    /* Text ends: a context matching only a text's last tokens drafts nothing; one token of
+     * agreement among three occurrences is a share of 2/3. */
+    {
+        const int32_t ids[] = {5, 6, 7, -1, 5, 6, 8, 9, -1, 5, 6, 8, -1, 1, 2, 3, -1};
+        struct spec_corpus *c = NULL;
+        const enum status st = spec_corpus_new(ids, (int64_t)(sizeof ids / sizeof ids[0]), &c);
+        check(st == STATUS_OK && spec_corpus_tokens(c) == 13 && spec_corpus_texts(c) == 4, "counts", NULL);
+        int32_t out[8], m = -1;
+        const int32_t end[] = {1, 2, 3}, two[] = {4, 5, 6};
+        check(c && spec_corpus_draft(c, end, 3, 1, 0.0f, 4, out, &m) == 0 && m == 0, "a match at a text's end drafts nothing", NULL);
+        const int k = c ? spec_corpus_draft(c, two, 3, 1, 0.0f, 4, out, &m) : -1;
+        check(k == 2 && m == 2 && out[0] == 8 && out[1] == 9, "the most frequent continuation, then the one left", NULL);
+        check(c && spec_corpus_draft(c, two, 3, 1, 0.7f, 4, out, &m) == 0, "a share of 2/3 below p_min 0.7 drafts nothing", NULL);
+        check(c && spec_corpus_draft(c, two, 3, 3, 0.0f, 4, out, &m) == 0 && m == 0, "n_min above every match", NULL);
+        spec_corpus_free(c);
+    }
+    /* Refusals. */
+    {
+        struct spec_corpus *c = NULL;
+        const int32_t open_end[] = {1, 2, 3}, bad[] = {1, -2, -1};
+        check(spec_corpus_new(open_end, 3, &c) == STATUS_INVALID_ARGUMENT && !c, "a last text without its -1 is refused",
+              status_message());
+        check(spec_corpus_new(bad, 3, &c) == STATUS_INVALID_ARGUMENT && !c, "an id below -1 is refused", status_message());
+        check(spec_corpus_new(bad, 1, &c) == STATUS_INVALID_ARGUMENT && !c, "fewer than two ids are refused", status_message());
+        spec_corpus_free(NULL);
+    }
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
