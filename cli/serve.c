@@ -149,7 +149,7 @@ static int usage(const char *fmt, const char *arg)
                     "  --spec-p-min P  beside --draft-model: a step's drafts stop where the draft's best token has a\n"
                     "                 probability below P (llama.cpp's --draft-p-min; a request's\n"
                     "                 speculative_p_min overrides it) [0: off]\n"
-                    "  --spec-corpus FILE[,FILE...] [--spec-corpus-min M (3)] [--spec-corpus-p-min P (0.1)]\n"
+                    "  --spec-corpus FILE[,FILE...] [--spec-corpus-min M (3)] [--spec-corpus-p-min P (0.5)]\n"
                     "                 beside --speculative: drafts from the model turns of FILE (read as shardlm\n"
                     "                 train reads data: its own earlier answers, tools/distill_data.py) where\n"
                     "                 prompt lookup finds nothing, before a draft model: the continuation most\n"

@@ -233,6 +233,10 @@ def main():
                     "--speculative draft run is added to shardlm's configurations")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="one more argument for every server (repeat: --serve-arg=--no-prefix-caching)")
+    ap.add_argument("--spec-corpus", help="a corpus of the model's own answers (tools/distill_data.py's JSONL): "
+                    "adds the servers 'ngram + corpus' (prompt lookup, then the corpus) and, with --eagle and "
+                    "--lookup-first, 'ngram + corpus + eagle'")
+    ap.add_argument("--spec-corpus-p-min", help="the corpus's --spec-corpus-p-min (comma-separated: one server each)")
     ap.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (seeded per "
                     "request) instead of greedy decoding: answers then differ between servers, speeds compare")
     ap.add_argument("--ranks", type=int, default=1, help="run every server under mpirun -n RANKS (with "
@@ -241,13 +245,18 @@ def main():
                     "keep each one's fastest round (this VM's speed moves between servers; default 1)")
     ap.add_argument("--batches", default="1,16", help="requests at once, comma-separated (default 1,16)")
     ap.add_argument("--open", action="store_true", help="everyday requests without a passage (OPEN_PROMPTS)")
+    ap.add_argument("--chat-prompts", help="a chat JSONL: the first user turns of its last --questions lines are the "
+                    "requests (held-out conversations, e.g. of the data a --spec-corpus was distilled from)")
     ap.add_argument("--generate", action="store_true", help="`shardlm generate` instead of a server: without and with "
                     "--speculative ngram, one process a prompt (a GGUF with a chat template)")
     ap.add_argument("--json-schema", help="constrain every answer to this JSON schema (its text), as a structured-"
                     "output request does: e.g. '{\"type\": \"object\", \"properties\": {\"answer\": {\"type\": "
                     "\"string\"}}, \"required\": [\"answer\"]}'")
     a = ap.parse_args()
-    if a.open:
+    if a.chat_prompts:
+        lines = open(a.chat_prompts).read().splitlines()[-a.questions:]
+        prompts, what = [json.loads(x)["messages"][0]["content"] for x in lines], f"chat requests of {a.chat_prompts}"
+    elif a.open:
         prompts, what = OPEN_PROMPTS[: a.questions], "everyday requests without a passage"
     else:
         prompts, what = squad_prompts(a.squad, a.questions), "SQuAD held-out questions"
@@ -263,6 +272,7 @@ def main():
     spec = ["--spec-draft", str(a.spec_draft)]
     if a.spec_max_batch is not None:
         spec += ["--spec-max-batch", str(a.spec_max_batch)]
+    lookup_spec = list(spec)  # prompt lookup's flags (no --spec-p-min: a draft's or head's)
     mins = [int(m) for m in a.spec_ngram_min.split(",")] if a.spec_ngram_min else []
     look = ["--spec-ngram-min", str(mins[0])] if mins else []
     configs = [("none", []), ("ngram", ["--speculative", "ngram", *spec, *look])]
@@ -289,6 +299,15 @@ def main():
                                             *spec]) for d in a.draft_model]
         configs += [(f"ngram + eagle {h}", ["--speculative", "eagle", *head_of(h), "--spec-ngram", "3", *look, *spec])
                     for h in a.eagle]
+    if a.spec_corpus:
+        cps = a.spec_corpus_p_min.split(",") if a.spec_corpus_p_min else [None]
+        for cp in cps:
+            cflags = ["--spec-corpus", a.spec_corpus, *(["--spec-corpus-p-min", cp] if cp else [])]
+            tag = f" (p_min {cp})" if cp else ""
+            configs += [(f"ngram + corpus{tag}", ["--speculative", "ngram", *cflags, *lookup_spec, *look])]
+            if a.lookup_first:
+                configs += [(f"ngram + corpus{tag} + eagle {h}", ["--speculative", "eagle", *head_of(h), "--spec-ngram",
+                                                                 "3", *look, *cflags, *spec]) for h in a.eagle]
     for p in p_mins[1:]:  # each draft or head server again with each further threshold
         configs += [(f"{name}, p_min {p}", [*flags[:-1], p]) for name, flags in configs
                     if flags[-2:] == ["--spec-p-min", p_mins[0]]]
@@ -316,6 +335,10 @@ def main():
                         share = (f"; prompt lookup drafted {look}, accepted {st.spec_lookup_accepted_tokens} "
                                  f"({100 * st.spec_lookup_accepted_tokens / look:.1f}%)"
                                  if look and look < st.spec_draft_tokens else "")
+                        corpus = st.spec_corpus_draft_tokens
+                        if corpus:
+                            share += (f"; the corpus drafted {corpus}, accepted {st.spec_corpus_accepted_tokens} "
+                                      f"({100 * st.spec_corpus_accepted_tokens / corpus:.1f}%)")
                         print(f"{name}: {st.spec_draft_tokens} draft tokens, {st.spec_accepted_tokens} accepted "
                               f"({100 * rate:.1f}%){share}")
     finally:

@@ -8,13 +8,18 @@ scored. A step that verifies d drafts costs 1 + c d plain steps (c: a verificati
 plain steps; about 0.125 on the 2-core VMs of docs/speculative.md). Prints, per rule and draft
 limit K (the adaptive length of conductor_speculate.c: +2 after a step that accepted every draft,
 else -1), the speed-up at each c, the acceptance, and an oracle that copies from the best earlier
-position. Not a test.
+position. With --open N the requests are everyday ones instead (bench_speculative.py's OPEN_PROMPTS
+and N held-out chat turns), and with --corpus FILE the replay is prompt lookup then serve
+--spec-corpus's drafts (the Corpus class: the rule of engine/serving/spec_corpus.h) over a grid of
+its n_min and p_min. Not a test.
 
   python3 tools/spec_replay.py --shardlm build/cli/shardlm --model FILE.gguf
       [--squad .cache/chat-data/squad_eval.json] [--questions 200] [--max-tokens 64] [--trace FILE.json]
-      [--serve-arg=ARG ...]
+      [--open N --held-out FILE.jsonl] [--corpus ANSWERS.jsonl [--corpus-end TEXT]] [--serve-arg=ARG ...]
 """
 import argparse
+import bisect
+import collections
 import json
 import sys
 from pathlib import Path
@@ -52,7 +57,13 @@ def lookup(t, ngram, k, n_min=2, longest=False, cap=64):
 
 def replay(seqs, rule, limit, c):
     """-> (tokens per unit of cost, drafted, accepted) over every sequence."""
-    tokens, cost, drafted, accepted = 0, 0.0, 0, 0
+    tokens, steps, drafted, accepted = replay_counts(seqs, rule, limit)
+    return tokens / (steps + c * drafted), drafted, accepted
+
+
+def replay_counts(seqs, rule, limit):
+    """-> (tokens, steps, drafted, accepted) over every sequence: a step costs 1 + c x its drafts."""
+    tokens, steps, drafted, accepted = 0, 0, 0, 0
     for n_prompt, t in seqs:
         pos, length = n_prompt + 1, limit  # the first token comes from the prefill
         while pos < len(t):
@@ -61,11 +72,11 @@ def replay(seqs, rule, limit, c):
             while a < len(d) and pos + a < len(t) and d[a] == t[pos + a]:
                 a += 1
             got = min(a + 1, len(t) - pos)
-            tokens, cost, drafted, accepted = tokens + got, cost + 1 + c * len(d), drafted + len(d), accepted + a
+            tokens, steps, drafted, accepted = tokens + got, steps + 1, drafted + len(d), accepted + a
             if d:
                 length = min(limit, length + 2) if a == len(d) else max(1, length - 1)
             pos += got
-    return tokens / cost, drafted, accepted
+    return tokens, steps, drafted, accepted
 
 
 def tree(t, k, rows, ngram=3, n_min=1):
@@ -124,6 +135,74 @@ def oracle(seqs, limit):
     return tokens / steps
 
 
+class Corpus:
+    """serve --spec-corpus's rule (engine/serving/spec_corpus.h), written again over sorted tuples:
+    the longest match of the context's last n >= n_min tokens (up to 32) whose occurrences go on,
+    then the continuation most of them share while the share stays >= p_min."""
+    SPAN = 64
+
+    def __init__(self, texts):
+        flat = []
+        for t in texts:
+            flat += list(t) + [-1]
+        keys = []
+        for i, x in enumerate(flat):
+            if x >= 0:
+                j = i
+                while j < len(flat) and j - i < self.SPAN and flat[j] >= 0:
+                    j += 1
+                keys.append(tuple(flat[i:j]))
+        keys.sort()
+        self.keys, self.n_tokens = keys, len(keys)
+
+    def occurrences(self, pat):
+        pat = tuple(pat)
+        lo, hi = bisect.bisect_left(self.keys, pat), bisect.bisect_left(self.keys, pat + (1 << 40,))
+        return [i for i in range(lo, hi) if len(self.keys[i]) > len(pat)]
+
+    def draft(self, ctx, k, n_min=3, p_min=0.1):
+        best = None
+        for n in range(n_min, min(32, len(ctx)) + 1):
+            occ = self.occurrences(ctx[len(ctx) - n:])
+            if not occ:
+                break
+            best = (n, occ)
+        if not best:
+            return []
+        o, occ = best
+        out, share = [], 1.0
+        while len(out) < k and o < self.SPAN:
+            c = collections.Counter(self.keys[i][o] for i in occ if len(self.keys[i]) > o)
+            if not c:
+                break
+            tok, cnt = max(c.items(), key=lambda x: (x[1], -x[0]))
+            share *= cnt / len(occ)
+            if share < p_min:
+                break
+            out.append(tok)
+            occ = [i for i in occ if len(self.keys[i]) > o and self.keys[i][o] == tok]
+            o += 1
+        return out
+
+
+def corpus_texts(a):
+    """--corpus's model turns, tokenized by a server as the engine reads them (each assistant
+    turn's content encoded on its own, then --corpus-end's id), cached beside the trace."""
+    cache = Path(a.trace + ".corpus.json") if a.trace else None
+    if cache and cache.exists():
+        return json.loads(cache.read_text())
+    turns = [m["content"] for line in open(a.corpus) for m in json.loads(line)["messages"] if m["role"] == "assistant"]
+    try:
+        with TS.Server(a.shardlm, Path(a.model), *a.serve_arg, name="spec-replay") as srv, srv.client(timeout=600) as cl:
+            end = cl.tokenize(a.corpus_end, add_bos=False)
+            texts = [cl.tokenize(t, add_bos=False) + end for t in turns]
+    finally:
+        TS.kill_all()
+    if cache:
+        cache.write_text(json.dumps(texts))
+    return texts
+
+
 def generate(a, prompts):
     """[(prompt length, prompt ids + greedy output ids)] from a plain server."""
     seqs = []
@@ -140,6 +219,31 @@ def generate(a, prompts):
     return seqs
 
 
+def replay_corpus(a, seqs, texts):
+    """Prompt lookup alone against lookup then the corpus, over a grid of n_min and p_min."""
+    corpus = Corpus(texts)
+    n_out = sum(len(t) - n for n, t in seqs)
+    print(f"{len(seqs)} requests, {a.max_tokens} tokens at most, greedy: {n_out} generated tokens; corpus: "
+          f"{len(texts)} texts, {corpus.n_tokens} tokens from {a.corpus}; model {a.model}")
+    cs = (0.125, 0.25, 0.4)
+    print("| drafter | K | " + " | ".join(f"c = {c}" for c in cs) + " | drafted | acceptance |")
+    print("| --- | --- | " + " | ".join("---" for _ in cs) + " | --- | --- |")
+
+    def both(n_min, p_min):
+        return lambda t, k: lookup(t, 3, k) or corpus.draft(t, k, n_min, p_min)
+    rules = [("prompt lookup", lambda t, k: lookup(t, 3, k))]
+    rules += [(f"lookup, then the corpus (n_min {n}, p_min {p})", both(n, p))
+              for n in (2, 3, 4) for p in (0.0, 0.1, 0.2, 0.3, 0.5)]
+    rules += [("the corpus alone (n_min 3, p_min 0.1)", lambda t, k: corpus.draft(t, k, 3, 0.1))]
+    for name, rule in rules:
+        for k in (3, 4, 6):
+            # the drafts do not depend on c: one pass, costed at each (tokens / (steps + c drafted))
+            tokens, steps, drafted, accepted = replay_counts(seqs, rule, k)
+            print(f"| {name} | {k} | " + " | ".join(f"{tokens / (steps + c * drafted):.2f}x" for c in cs) +
+                  f" | {drafted} | {100 * accepted / max(1, drafted):.0f} % |", flush=True)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -150,6 +254,13 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="one more argument for the server (repeat: --serve-arg=--lora --serve-arg=NAME=DIR)")
+    ap.add_argument("--open", type=int, default=None, metavar="N", help="everyday requests instead of SQuAD: "
+                    "bench_speculative.py's OPEN_PROMPTS and the first user turns of the last N lines of --held-out")
+    ap.add_argument("--held-out", default="", help="a chat JSONL whose conversations no corpus holds (--open)")
+    ap.add_argument("--corpus", help="a chat JSONL of the model's own answers (tools/distill_data.py): replays "
+                    "prompt lookup, then serve --spec-corpus's drafts where it finds nothing")
+    ap.add_argument("--corpus-end", default="<end_of_turn>", help="the text of the end of a model turn (its id "
+                    "ends every corpus text, as the chat template's training rendering does; default Gemma's)")
     ap.add_argument("--trace", help="a JSON file: read the token sequences from it when it exists (no server), "
                     "else write them there after generating")
     a = ap.parse_args()
@@ -158,8 +269,13 @@ def main():
     except KeyError:
         template = None
     a.rendered = template is not None
+    if a.open is not None:
+        held = [json.loads(x)["messages"][0]["content"] for x in open(a.held_out)][-a.open:] if a.open else []
+        asked, what = list(BS.OPEN_PROMPTS) + held, "everyday requests"
+    else:
+        asked, what = BS.squad_prompts(a.squad, a.questions), "SQuAD held-out questions"
     prompts = [template.render(messages=[{"role": "user", "content": p}], add_generation_prompt=True) if template else p
-               for p in BS.squad_prompts(a.squad, a.questions)]
+               for p in asked]
     if a.trace and Path(a.trace).exists():
         seqs = [tuple(x) for x in json.loads(Path(a.trace).read_text())]
     else:
@@ -167,7 +283,9 @@ def main():
         if a.trace:
             Path(a.trace).write_text(json.dumps(seqs))
     n_out = sum(len(t) - n for n, t in seqs)
-    print(f"{len(seqs)} SQuAD held-out questions, {a.max_tokens} tokens at most, greedy: {n_out} generated tokens, "
+    if a.corpus:
+        return replay_corpus(a, seqs, corpus_texts(a))
+    print(f"{len(seqs)} {what}, {a.max_tokens} tokens at most, greedy: {n_out} generated tokens, "
           f"median prompt {sorted(n for n, _ in seqs)[len(seqs) // 2]} tokens; model {a.model}")
     rules = {"shardlm's (last 3 then 2 tokens, latest occurrence)": lambda t, k: lookup(t, 3, k),
              "longest agreeing context": lambda t, k: lookup(t, 3, k, longest=True),

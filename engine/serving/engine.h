@@ -114,7 +114,7 @@ struct engine_options {
      * spec_lookup_first), the continuation most occurrences of the sequence's last tokens share in
      * the corpus, before the draft model's. spec_corpus_min: the shortest match, in [1,
      * SPEC_CORPUS_MAX_MATCH]; 0 = 3. spec_corpus_p_min: a draft goes on while the share of the
-     * occurrences that agree with it stays at least this, in [0, 1]; 0 = 0.1 (docs/speculative.md
+     * occurrences that agree with it stays at least this, in [0, 1]; 0 = 0.5 (docs/speculative.md
      * "Drafts from a corpus": the replay that chose both). */
     int   spec_corpus_min;
     float spec_corpus_p_min;

@@ -25,7 +25,7 @@
 #define SPEC_CORPUS_MAX_MATCH 32 /* the longest context match looked up */
 #define SPEC_CORPUS_SPAN      64 /* match + drafts at most: the suffix array orders this many tokens */
 #define SPEC_CORPUS_MIN_DEFAULT   3    /* engine_options.spec_corpus_min's 0 */
-#define SPEC_CORPUS_P_MIN_DEFAULT 0.1f /* engine_options.spec_corpus_p_min's 0 */
+#define SPEC_CORPUS_P_MIN_DEFAULT 0.5f /* engine_options.spec_corpus_p_min's 0 */
 
 struct spec_corpus;
 
