@@ -36,11 +36,12 @@ PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park"
            "Bob and his mom went to the store to buy"]
 
 
-def answers(srv, chat, n_parallel):
-    """Every prompt, greedy, as (text, finish) pairs; n_parallel requests in flight at once."""
+def answers(srv, chat, n_parallel, prompts=PROMPTS, max_tokens=60):
+    """16 requests over the prompts, greedy, as (text, finish) pairs; n_parallel requests in flight
+    at once (test_speculative_corpus.py too)."""
     def one(i):
-        p = PROMPTS[i % len(PROMPTS)]
-        kw = dict(max_tokens=60 + 17 * (i % 5), temperature=0)
+        p = prompts[i % len(prompts)]
+        kw = dict(max_tokens=max_tokens + 17 * (i % 5), temperature=0)
         if i % 3 == 1:
             kw["stop"] = [" the "]  # a stop string that lands in the middle of drafted text
         with srv.client(timeout=120) as c:
@@ -50,15 +51,15 @@ def answers(srv, chat, n_parallel):
         return list(ex.map(one, range(16)))
 
 
-def others(srv, chat):
+def others(srv, chat, prompt=PROMPTS[0]):
     """Sampled and penalised requests beside the greedy ones (they draft too, and each row's token
     is sampled with the uniform a plain step draws): their output with a seed must not change."""
     out = []
     with srv.client(timeout=120) as c:
         for kw in (dict(temperature=0.8, seed=5), dict(temperature=0, repetition_penalty=1.3),
                    dict(temperature=0, presence_penalty=0.5)):
-            p = [{"role": "user", "content": PROMPTS[0]}]
-            g = c.chat(p, max_tokens=40, **kw) if chat else c.generate(PROMPTS[0], max_tokens=40, **kw)
+            p = [{"role": "user", "content": prompt}]
+            g = c.chat(p, max_tokens=40, **kw) if chat else c.generate(prompt, max_tokens=40, **kw)
             out.append(g.text)
     return out
 

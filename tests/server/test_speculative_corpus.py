@@ -13,7 +13,6 @@ file with no model turn.
 SKIP (77) without the model or the Python client.
 """
 import argparse
-import concurrent.futures as cf
 import json
 import os
 import re
@@ -28,6 +27,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
+from test_speculative import answers, others  # noqa: E402  (16 greedy requests; seeded samples)
 
 check = Checks()
 
@@ -57,28 +57,6 @@ def continuations(srv, prompts, chat, max_tokens):
         return out
 
 
-def answers(srv, prompts, chat, n_parallel, max_tokens):
-    def one(i):
-        p = prompts[i % len(prompts)]
-        kw = dict(max_tokens=max_tokens + 9 * (i % 4), temperature=0)
-        if i % 3 == 1:
-            kw["stop"] = [" the "]
-        with srv.client(timeout=120) as c:
-            g = c.chat([{"role": "user", "content": p}], **kw) if chat else c.generate(p, **kw)
-            return g.text, g.finish_reason
-    with cf.ThreadPoolExecutor(n_parallel) as ex:
-        return list(ex.map(one, range(16)))
-
-
-def sampled(srv, prompt, chat):
-    with srv.client(timeout=120) as c:
-        out = []
-        for kw in (dict(temperature=0.8, seed=5), dict(temperature=0, repetition_penalty=1.3)):
-            out.append((c.chat([{"role": "user", "content": prompt}], max_tokens=40, **kw) if chat else
-                        c.generate(prompt, max_tokens=40, **kw)).text)
-        return out
-
-
 def metric(base, name):
     with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
         text = r.read().decode()
@@ -93,9 +71,9 @@ def compare(a, model, name, chat, tmp, batch=True, max_tokens=60):
         corpus_prompts = CHAT_CORPUS if chat else CORPUS_PROMPTS
         texts = continuations(srv, corpus_prompts, chat, 80)
         prompts = CHAT_PROMPTS if chat else PROMPTS
-        seq0 = answers(srv, prompts, chat, 1, max_tokens)
-        par0 = answers(srv, prompts, chat, 16, max_tokens) if batch else None
-        oth0 = sampled(srv, prompts[0], chat)
+        seq0 = answers(srv, chat, 1, prompts, max_tokens)
+        par0 = answers(srv, chat, 16, prompts, max_tokens) if batch else None
+        oth0 = others(srv, chat, prompts[0])
     path = tmp / f"{name}.jsonl"
     with open(path, "w") as f:
         for p, t in zip(corpus_prompts, texts):
@@ -104,9 +82,9 @@ def compare(a, model, name, chat, tmp, batch=True, max_tokens=60):
             f.write(json.dumps(row) + "\n")
     args = ["--speculative", "ngram", "--spec-draft", "4", "--spec-max-batch", "16", "--spec-corpus", str(path)]
     with TS.Server(a.shardlm, Path(model), *args, name=name + "-corpus", http=True) as srv:
-        seq1 = answers(srv, prompts, chat, 1, max_tokens)
-        par1 = answers(srv, prompts, chat, 16, max_tokens) if batch else None
-        oth1 = sampled(srv, prompts[0], chat)
+        seq1 = answers(srv, chat, 1, prompts, max_tokens)
+        par1 = answers(srv, chat, 16, prompts, max_tokens) if batch else None
+        oth1 = others(srv, chat, prompts[0])
         with srv.client(timeout=60) as c:
             st = c.server_stats()
         log = srv.log_path.read_text()
