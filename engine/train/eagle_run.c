@@ -154,6 +154,28 @@ static enum status run_eval(struct eagle_run *r, double *loss, int64_t *n)
     return STATUS_OK;
 }
 
+/* Whether the cache holds every document of mb. */
+static int all_cached(const struct eagle_run *r, const struct micro_batch *mb)
+{
+    for (int d = 0; d < mb->n_docs; d++)
+        if (!r->cache[mb->doc_example[d]]) return 0;
+    return 1;
+}
+
+/* Keeps the rows of mb's documents that the cache does not hold yet (r->rows: the frozen model's
+ * rows of mb), while it has room: an example's first rows stay. */
+static void cache_rows(struct eagle_run *r, const struct micro_batch *mb)
+{
+    const size_t D = (size_t)r->m->cfg.d_model;
+    for (int d = 0; d < mb->n_docs; d++) {
+        const int64_t ex = mb->doc_example[d];
+        const size_t bytes = (size_t)(mb->doc_start[d + 1] - mb->doc_start[d]) * D * sizeof *r->rows;
+        if (r->cache[ex] || r->cache_bytes + bytes > r->cache_cap || !(r->cache[ex] = malloc(bytes))) continue;
+        memcpy(r->cache[ex], r->rows + (size_t)mb->doc_start[d] * D, bytes);
+        r->cache_bytes += bytes;
+    }
+}
+
 /* One training micro-batch, its features from the cache when every document's are there, else
  * from the frozen model's forward (then kept while the cache has room). */
 static enum status run_micro(struct eagle_run *r, const struct micro_batch *mb, const int32_t *targets, float scale,
@@ -161,8 +183,7 @@ static enum status run_micro(struct eagle_run *r, const struct micro_batch *mb, 
 {
     const size_t D = (size_t)r->m->cfg.d_model;
     const struct train_batch tb = batch_of(mb);
-    int cached = 1;
-    for (int d = 0; d < mb->n_docs && cached; d++) cached = r->cache[mb->doc_example[d]] != NULL;
+    const int cached = all_cached(r, mb);
     for (int d = 0; d < mb->n_docs && cached; d++)
         memcpy(r->rows + (size_t)mb->doc_start[d] * D, r->cache[mb->doc_example[d]],
                (size_t)(mb->doc_start[d + 1] - mb->doc_start[d]) * D * sizeof *r->rows);
@@ -175,13 +196,45 @@ static enum status run_micro(struct eagle_run *r, const struct micro_batch *mb, 
         return STATUS_OK;
     }
     r->forwards++;
-    for (int d = 0; d < mb->n_docs; d++) {
-        const int64_t ex = mb->doc_example[d];
-        const size_t bytes = (size_t)(mb->doc_start[d + 1] - mb->doc_start[d]) * D * sizeof *r->rows;
-        if (r->cache[ex] || r->cache_bytes + bytes > r->cache_cap || !(r->cache[ex] = malloc(bytes))) continue;
-        memcpy(r->cache[ex], r->rows + (size_t)mb->doc_start[d] * D, bytes);
-        r->cache_bytes += bytes;
+    cache_rows(r, mb);
+    return STATUS_OK;
+}
+
+/* A resumed run's cache as the straight run's was at its checkpoint: the iterations before it
+ * replayed from the run's first micro-batch, the frozen model run for each micro-batch that
+ * run_micro would have run it for, and its rows kept by the same rule. A row depends in its last
+ * bits on the micro-batch it was computed in (how many rows the products hold: measured on an
+ * AVX2-only CPU), so rows computed again in a later epoch's micro-batches would not be the ones
+ * the straight run read from its cache, and the resumed run would not repeat it bit for bit. Costs
+ * the frozen model's forwards of those iterations (their first pass), not the head's work. */
+static enum status refill_cache(struct eagle_run *r)
+{
+    const struct train_options *o = r->o;
+    const size_t cap = (size_t)o->micro_batch_size * (size_t)o->seq_length;
+    struct data_cursor cur = {.seed = o->seed};
+    for (int64_t it = 0; it < r->progress.iteration; it++) {
+        int64_t targets = 0;
+        for (int i = 0; i < r->num_micro; i++) {
+            data_next_micro_batch(&r->train, &cur, o->micro_batch_size, o->seq_length, &r->mbs[i]);
+            const struct train_batch tb = batch_of(&r->mbs[i]);
+            targets += tb.n_tokens > 0 ? eagle_head_targets(r->e, &tb, r->targets + (size_t)i * cap) : 0;
+        }
+        for (int i = 0; i < r->num_micro && targets > 0; i++) {
+            if (r->mbs[i].n_tokens == 0 || all_cached(r, &r->mbs[i])) continue;
+            const struct train_batch tb = batch_of(&r->mbs[i]);
+            enum status st = eagle_trainer_features(r->e, &tb, r->rows);
+            if (st != STATUS_OK) return st;
+            cache_rows(r, &r->mbs[i]);
+        }
     }
+    if (cur.seed != r->progress.cursor.seed || cur.epoch != r->progress.cursor.epoch ||
+        cur.index != r->progress.cursor.index)
+        return status_errorf(STATUS_FAILED_PRECONDITION, "--resume: the checkpoint's data cursor (epoch %lld, index %lld) "
+                             "is not where %lld iterations of this data and these options end (epoch %lld, index %lld)",
+                             (long long)r->progress.cursor.epoch, (long long)r->progress.cursor.index,
+                             (long long)r->progress.iteration, (long long)cur.epoch, (long long)cur.index);
+    LOG_INFO(MODULE, "--resume: the frozen model's rows of the first %lld iterations computed again for the cache "
+             "(%.1f MiB)", (long long)r->progress.iteration, (double)r->cache_bytes / 1048576.0);
     return STATUS_OK;
 }
 
@@ -261,6 +314,7 @@ enum status eagle_train_run(const struct train_options *o)
 {
     struct eagle_run r = {.o = o};
     enum status st = run_setup(&r);
+    if (st == STATUS_OK && o->resume_dir) st = refill_cache(&r);
     if (st == STATUS_OK) st = run_loop(&r);
     char path[4200];
     snprintf(path, sizeof path, "%s/" EAGLE_HEAD_FILE, o->out_dir);

@@ -336,6 +336,23 @@ static double feature_loss(struct eagle_trainer *e, const int32_t *targets, int6
     return sum;
 }
 
+enum status eagle_trainer_features(struct eagle_trainer *e, const struct train_batch *tb, float *out)
+{
+    if (tb->n_tokens > e->max_tokens)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "eagle trainer: a micro-batch of %d rows (at most %d)", tb->n_tokens,
+                             e->max_tokens);
+    struct train_batch ft = *tb;
+    ft.hidden_only = 1;
+    ft.input = NULL;
+    double unused = 0.0;
+    int unused_n = 0;
+    enum status st = model_forward_train(e->tt, &ft, &unused, &unused_n);
+    if (st != STATUS_OK) return st;
+    struct tensor hid = model_train_final_hidden(e->tt, tb->n_tokens);
+    backend_download(e->b, out, hid.data, tensor_nbytes(&hid));
+    return STATUS_OK;
+}
+
 enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batch *tb, const int32_t *targets,
                                 float grad_scale, int backward, const float *hidden, float *hidden_out,
                                 double *loss_sum, int *n_real)
@@ -354,14 +371,7 @@ enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batc
     if (hidden) {
         memcpy(e->host, hidden, (size_t)(T * D) * sizeof *e->host);
     } else {
-        struct train_batch ft = *tb;
-        ft.hidden_only = 1;
-        ft.input = NULL;
-        double unused = 0.0;
-        int unused_n = 0;
-        if ((st = model_forward_train(e->tt, &ft, &unused, &unused_n)) != STATUS_OK) return st;
-        struct tensor hid = model_train_final_hidden(e->tt, (int)T);
-        backend_download(b, e->host, hid.data, tensor_nbytes(&hid));
+        if ((st = eagle_trainer_features(e, tb, e->host)) != STATUS_OK) return st;
         if (hidden_out) memcpy(hidden_out, e->host, (size_t)(T * D) * sizeof *e->host);
     }
     shift_features(e, tb, backward && e->noise > 0.0f);

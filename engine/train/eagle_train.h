@@ -68,6 +68,11 @@ void eagle_trainer_set_feature_loss(struct eagle_trainer *e, float weight);
  * model's rows exactly: the noise trains the head to read rows a little off. */
 void eagle_trainer_set_feature_noise(struct eagle_trainer *e, float amount, uint64_t seed);
 
+/* The features alone: the frozen model's rows after its final norm for tb, (n_tokens, d_model) f32
+ * host rows into out, as eagle_trainer_micro computes them (a resumed run refills its cache with
+ * them). */
+enum status eagle_trainer_features(struct eagle_trainer *e, const struct train_batch *tb, float *out);
+
 /* Zeroes the gradients (a step begins). */
 void eagle_trainer_zero_grads(struct eagle_trainer *e);
 /* One micro-batch: the features, the head's forward (loss summed into *loss_sum over *n_real
