@@ -154,6 +154,9 @@ static int usage(const char *fmt, const char *arg)
                     "                 train reads data: its own earlier answers, tools/distill_data.py) where\n"
                     "                 prompt lookup finds nothing, before a draft model: the continuation most\n"
                     "                 occurrences of the last M or more tokens share, while that share stays >= P\n"
+                    "  --spec-corpus-learn N  beside --speculative: each answer served joins that corpus (with\n"
+                    "                 --spec-corpus FILE or alone), the oldest learned forgotten beyond N tokens\n"
+                    "                 (1000000: 8 MB); what one client's answers taught speeds others' requests\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
                     "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n"
                     "  --lora NAME=DIR          serve the PEFT adapter in DIR unmerged as NAME; a request picks it by\n"
@@ -315,6 +318,10 @@ int serve_main(int argc, char **argv)
             p_min_given = 1;
         } else if (!strcmp(a, "--spec-corpus")) {
             o.spec_corpus = v;
+        } else if (!strcmp(a, "--spec-corpus-learn")) {
+            if (base_parse_long(v, 0, SPEC_LEARN_MAX, &n))
+                return usage("--spec-corpus-learn must be a count of tokens in [0 (off), 268435456], got '%s'", v);
+            o.engine.spec_corpus_learn = n;
         } else if (!strcmp(a, "--spec-corpus-min")) {
             if (base_parse_long(v, 1, SPEC_CORPUS_MAX_MATCH, &n))
                 return usage("--spec-corpus-min must be an integer in [1, 32], got '%s'", v);
@@ -472,10 +479,12 @@ int serve_main(int argc, char **argv)
                      "with --spec-ngram N for prompt lookup first and the draft where nothing matches)%s", "");
     o.engine.spec_lookup_first = ngram_given && o.engine.draft_model_dir;
     if (ngram_given && !o.engine.spec_draft) o.engine.spec_draft = 5; /* --spec-ngram alone: prompt lookup */
-    if ((o.engine.spec_corpus_min || o.engine.spec_corpus_p_min > 0) && !o.spec_corpus)
-        return usage("--spec-corpus-min and --spec-corpus-p-min need --spec-corpus FILE%s", "");
+    if ((o.engine.spec_corpus_min || o.engine.spec_corpus_p_min > 0) && !o.spec_corpus && !o.engine.spec_corpus_learn)
+        return usage("--spec-corpus-min and --spec-corpus-p-min need --spec-corpus FILE or --spec-corpus-learn N%s", "");
     if (o.spec_corpus && !o.engine.spec_draft)
         return usage("--spec-corpus needs speculation on (--speculative ngram, or a --draft-model)%s", "");
+    if (o.engine.spec_corpus_learn && !o.engine.spec_draft)
+        return usage("--spec-corpus-learn needs speculation on (--speculative ngram, or a --draft-model)%s", "");
     if (!n_models) return usage("--model DIR is required%s", "");
     /* Each model's adapters, grouped: the first model's go to engine, the others' to their spec. */
     const char *by_names[SERVE_MAX_ADAPTERS], *by_dirs[SERVE_MAX_ADAPTERS];

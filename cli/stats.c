@@ -68,6 +68,7 @@ int client_stats_main(int argc, char **argv)
             printf("speculation, the corpus's share: %llu draft tokens, %llu accepted (%.1f%%)\n",
                    (unsigned long long)s.spec_corpus_draft_tokens, (unsigned long long)s.spec_corpus_accepted_tokens,
                    100.0 * (double)s.spec_corpus_accepted_tokens / (double)s.spec_corpus_draft_tokens);
+        if (s.spec_corpus_tokens) printf("speculative corpus: %llu tokens\n", (unsigned long long)s.spec_corpus_tokens);
         for (int i = 0; i < s.n_replicas; i++) {
             const struct client_replica_stats *r = &s.replicas[i];
             printf("replica %d: leader_rank %d routed %llu routed_by_prefix %llu outstanding %d finished %llu "

@@ -569,6 +569,7 @@ enum status client_server_stats(struct client *c, struct client_server_stats *ou
     out->spec_lookup_accepted_tokens = r->spec_lookup_accepted_tokens;
     out->spec_corpus_draft_tokens = r->spec_corpus_draft_tokens;
     out->spec_corpus_accepted_tokens = r->spec_corpus_accepted_tokens;
+    out->spec_corpus_tokens = r->spec_corpus_tokens;
     out->active_calls = r->active_calls;
     out->uptime_seconds = r->uptime_seconds;
     for (size_t i = 0; i < r->n_replicas && i < CLIENT_MAX_REPLICAS; i++) {

@@ -245,6 +245,7 @@ struct client_server_stats {
     uint64_t spec_backoffs;                            /* sequences that stopped drafting for a while */
     uint64_t spec_lookup_draft_tokens, spec_lookup_accepted_tokens; /* of the above, prompt lookup's */
     uint64_t spec_corpus_draft_tokens, spec_corpus_accepted_tokens; /* of the above, the corpus's (--spec-corpus) */
+    uint64_t spec_corpus_tokens;         /* the corpus's tokens now, given and learned (--spec-corpus-learn) */
     int      active_calls;
     double   uptime_seconds;
     int      n_replicas;                 /* the first CLIENT_MAX_REPLICAS are kept */

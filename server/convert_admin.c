@@ -160,6 +160,7 @@ enum status convert_server_stats_response(const struct server_stats_out *s, uint
     m.spec_lookup_accepted_tokens = e->spec_lookup_accepted;
     m.spec_corpus_draft_tokens = e->spec_corpus_drafted;
     m.spec_corpus_accepted_tokens = e->spec_corpus_accepted;
+    m.spec_corpus_tokens = e->spec_corpus_tokens;
     m.prefix_cache_verified = e->prefix_cache_verified;
     m.prefix_cache_mismatches = e->prefix_cache_mismatches;
     m.prefix_cache_verify_skipped = e->prefix_cache_verify_skipped;

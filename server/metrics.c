@@ -205,7 +205,7 @@ static void model_label(const struct metrics_model *ms, int n, int i, int more, 
  * replica when there are several; one series per model (label `model`) when there are several. */
 static void render_engines(struct text *t, const struct metrics_model *ms, int n_models)
 {
-    enum { N_ROWS = 24 };
+    enum { N_ROWS = 25 };
     struct row {
         const char *name, *type, *help;
         double v;
@@ -244,10 +244,13 @@ static void render_engines(struct text *t, const struct metrics_model *ms, int n
             {"shardlm_spec_decode_num_lookup_accepted_tokens_total", "counter",
              "Of the draft tokens accepted, those prompt lookup drafted.", (double)st.spec_lookup_accepted},
             {"shardlm_spec_decode_num_corpus_draft_tokens_total", "counter",
-             "Of the draft tokens verified, those the speculative corpus drafted (--spec-corpus).",
+             "Of the draft tokens verified, those the speculative corpus drafted (--spec-corpus, --spec-corpus-learn).",
              (double)st.spec_corpus_drafted},
             {"shardlm_spec_decode_num_corpus_accepted_tokens_total", "counter",
              "Of the draft tokens accepted, those the speculative corpus drafted.", (double)st.spec_corpus_accepted},
+            {"shardlm_spec_corpus_tokens", "gauge",
+             "Tokens in the speculative corpus: the given file's and those learned from served answers (--spec-corpus-learn).",
+             (double)st.spec_corpus_tokens},
             {"shardlm_spec_decode_num_backoffs_total", "counter",
              "Times a sequence stopped drafting for low acceptance (the adaptive rule).", (double)st.spec_backoffs},
             {"shardlm_prefix_cache_verified_total", "counter",

@@ -124,6 +124,92 @@ int main(void)
              detail[0] ? "; " : "", agree, tried, with_drafts, long_runs);
     check(agree == tried && with_drafts > tried / 4 && long_runs > 20, "drafts equal the scan's", detail);
 
+    /* A corpus grown and cut (spec_corpus_append, spec_corpus_forget, as the engine's learning
+     * does) drafts what a corpus made at once of the same texts drafts, query for query. */
+    {
+        int64_t n = 0;
+        int32_t *ids = malloc((size_t)(1 << 16) * sizeof *ids), add[400];
+        struct spec_corpus *grown = NULL;
+        int ops = 0, same_q = 0, n_q = 0, cut_ops = 0, add_ops = 0;
+        char why[160] = "";
+        for (int round = 0; round < 300 && ids; round++) {
+            const int vocab = 3;
+            int n_add = 0;
+            if (!grown || rng_uniform(&r) < 0.75f || n < 200) { /* one to three texts, some copying */
+                for (int t = 1 + (int)(rng_uniform(&r) * 3); t > 0; t--) {
+                    const int len = 1 + (int)(rng_uniform(&r) * 100);
+                    const int64_t src = n > 120 && rng_uniform(&r) < 0.5f ? (int64_t)(rng_uniform(&r) * (float)(n - 110)) : -1;
+                    for (int i = 0; i < len; i++)
+                        add[n_add++] = src >= 0 && ids[src + i] >= 0 ? ids[src + i] : (int32_t)(rng_uniform(&r) * vocab);
+                    add[n_add++] = -1;
+                }
+                enum status st = grown ? spec_corpus_append(grown, add, n_add) : spec_corpus_new(add, n_add, &grown);
+                if (st != STATUS_OK) {
+                    snprintf(why, sizeof why, "round %d: append: %s", round, status_message());
+                    break;
+                }
+                memcpy(ids + n, add, (size_t)n_add * sizeof *ids);
+                n += n_add;
+                add_ops++;
+            } else { /* forget from a random text's start */
+                int64_t from = (int64_t)(rng_uniform(&r) * (float)n);
+                while (from > 0 && ids[from - 1] >= 0) from--;
+                const int64_t want = 1 + (int64_t)(rng_uniform(&r) * 150);
+                int64_t to = from + want < n ? from + want : n;
+                while (ids[to - 1] >= 0) to++;
+                const int64_t gone = spec_corpus_forget(grown, from, want);
+                if (gone != to - from) {
+                    snprintf(why, sizeof why, "round %d: forget(%lld, %lld) dropped %lld ids, not %lld", round,
+                             (long long)from, (long long)want, (long long)gone, (long long)(to - from));
+                    break;
+                }
+                memmove(ids + from, ids + to, (size_t)(n - to) * sizeof *ids);
+                n -= gone;
+                cut_ops++;
+                if (n < 2) { /* all forgotten: start again */
+                    spec_corpus_free(grown);
+                    grown = NULL, n = 0;
+                    continue;
+                }
+            }
+            ops++;
+            if (n + 500 > (1 << 16)) break;
+            struct spec_corpus *once = NULL;
+            if (spec_corpus_new(ids, n, &once) != STATUS_OK) {
+                snprintf(why, sizeof why, "round %d: spec_corpus_new: %s", round, status_message());
+                break;
+            }
+            int64_t texts = 0, tokens = 0;
+            for (int64_t i = 0; i < n; i++) texts += ids[i] < 0, tokens += ids[i] >= 0;
+            if (spec_corpus_ids(grown) != n || spec_corpus_tokens(grown) != tokens || spec_corpus_texts(grown) != texts) {
+                snprintf(why, sizeof why, "round %d: counts %lld / %lld / %lld, want %lld / %lld / %lld", round,
+                         (long long)spec_corpus_ids(grown), (long long)spec_corpus_tokens(grown),
+                         (long long)spec_corpus_texts(grown), (long long)n, (long long)tokens, (long long)texts);
+                spec_corpus_free(once);
+                break;
+            }
+            for (int q = 0; q < 20; q++) {
+                int32_t ctx[40], a[64], b[64];
+                const int n_ctx = 1 + (int)(rng_uniform(&r) * 39);
+                const int64_t at = (int64_t)(rng_uniform(&r) * (float)(n - 1));
+                for (int i = 0; i < n_ctx; i++) ctx[i] = ids[(at + i) % n] >= 0 ? ids[(at + i) % n] : (int32_t)(rng_uniform(&r) * vocab);
+                const int n_min = 1 + (int)(rng_uniform(&r) * 3), max = 1 + (int)(rng_uniform(&r) * 32);
+                const float p_min = rng_uniform(&r) * 0.8f;
+                int ma = -1, mb = -1;
+                const int ka = spec_corpus_draft(grown, ctx, n_ctx, n_min, p_min, max, a, &ma);
+                const int kb = spec_corpus_draft(once, ctx, n_ctx, n_min, p_min, max, b, &mb);
+                n_q++;
+                same_q += ka == kb && ma == mb && !memcmp(a, b, (size_t)ka * sizeof *a);
+            }
+            spec_corpus_free(once);
+        }
+        snprintf(why + strlen(why), sizeof why - strlen(why), "%s%d of %d queries agree over %d appends and %d cuts",
+                 why[0] ? "; " : "", same_q, n_q, add_ops, cut_ops);
+        check(ids && same_q == n_q && n_q > 2000 && add_ops > 100 && cut_ops > 30,
+              "a corpus grown and cut drafts as one made at once", why);
+        spec_corpus_free(grown);
+        free(ids);
+    }
     /* Text ends: a context matching only a text's last tokens drafts nothing; one token of
      * agreement among three occurrences is a share of 2/3. */
     {

@@ -84,6 +84,7 @@ void finish_seq(struct conductor *c, struct seq *s, enum finish_reason why, enum
                 const char *message, size_t text_len)
 {
     struct request *r = s->req;
+    spec_learn(c, s, why);
     scheduler_release(&c->sched, s);
     s->state = SEQ_DONE;
     struct engine_event ev = {.kind = ENGINE_EVENT_FINISHED, .finish = why, .status = st,

@@ -60,7 +60,10 @@ struct conductor {
      * draft distributions of sampled drafting sequences, (draft.n_slots, spec_draft, vocab),
      * and the target's distribution of the row being verified (vocab). */
     struct draft    draft;
-    struct spec_corpus *corpus;  /* drafts from a corpus (engine_set_spec_corpus), or NULL */
+    struct spec_corpus *corpus;  /* drafts from a corpus (engine_set_spec_corpus, learned), or NULL */
+    int64_t  corpus_given;       /* its first ids, the given corpus's (never forgotten); the learned after */
+    int32_t *learn;              /* (learn_cap) finished outputs not yet in corpus (spec_corpus_learn) */
+    int64_t  n_learn, learn_cap;
     float   *spec_q, *spec_p;
     float   *eagle_hidden;       /* EAGLE: the step's hidden states, (max_batch_tokens, d_model): on the
                                     first rank, and at pp > 1 on the last stage's first tp rank */
@@ -162,6 +165,9 @@ void        verify_inject_fault(struct conductor *c);
 enum status verify_run_pending(struct conductor *c);
 /* conductor_speculate.c */
 void        speculate(struct conductor *c);
+/* A finished sample's output (after the last SPEC_LEARN_LEAD prompt tokens) kept for the corpus
+ * (engine_options.spec_corpus_learn; finish_seq calls it; errors and empty outputs are not kept). */
+void        spec_learn(struct conductor *c, const struct seq *s, enum finish_reason why);
 void        take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_ver);
 
 #endif

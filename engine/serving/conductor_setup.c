@@ -228,6 +228,7 @@ void conductor_free(struct conductor *c)
     conductor_presample_free(c);
     draft_free(&c->draft);
     spec_corpus_free(c->corpus);
+    free(c->learn);
     free(c->spec_q);
     free(c->spec_p);
     free(c->eagle_hidden);

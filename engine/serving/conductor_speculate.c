@@ -232,9 +232,48 @@ static void spec_prior_update(struct conductor *c, int n_ver, int n_accepted, in
  * get one of its cache slots), or both (spec_lookup_first: lookup where its last tokens match
  * earlier ones, the draft elsewhere; a draft slot that sat out steps catches up with the tokens
  * taken meanwhile at its next proposal, draft_run). */
+void spec_learn(struct conductor *c, const struct seq *s, enum finish_reason why)
+{
+    const struct request *r = s->req;
+    if (c->o.spec_corpus_learn <= 0 || why == FINISH_REASON_ERROR || s->n_generated <= 0 ||
+        r->n_prompt + s->n_generated > s->n_tokens)
+        return;
+    const int lead = r->n_prompt < SPEC_LEARN_LEAD ? r->n_prompt : SPEC_LEARN_LEAD, n = lead + s->n_generated;
+    if (c->n_learn + n + 1 > c->learn_cap) {
+        const int64_t cap = 2 * (c->n_learn + n + 1);
+        int32_t *grown = realloc(c->learn, (size_t)cap * sizeof *grown);
+        if (!grown) return; /* out of memory: this answer is not learned, nothing else changes */
+        c->learn = grown, c->learn_cap = cap;
+    }
+    memcpy(c->learn + c->n_learn, s->tokens + r->n_prompt - lead, (size_t)n * sizeof *c->learn);
+    c->n_learn += n;
+    c->learn[c->n_learn++] = -1;
+}
+
+/* Moves the kept outputs into the corpus: at every step where at most one sequence runs (so a
+ * lone client's next request drafts from its last answer), else once SPEC_LEARN_BATCH ids wait;
+ * then forgets the oldest learned texts while the learned ids exceed spec_corpus_learn (a
+ * quarter more, so that the O(N) cut comes once in a while). On an error (memory) the outputs
+ * are dropped and the corpus stays as it was. */
+#define SPEC_LEARN_BATCH 4096
+static void learn_flush(struct conductor *c)
+{
+    if (!c->n_learn || (c->sched.n_running > 1 && c->n_learn < SPEC_LEARN_BATCH)) return;
+    enum status st = c->corpus ? spec_corpus_append(c->corpus, c->learn, c->n_learn)
+                               : spec_corpus_new(c->learn, c->n_learn, &c->corpus);
+    c->n_learn = 0;
+    if (st != STATUS_OK) return;
+    const int64_t learned = spec_corpus_ids(c->corpus) - c->corpus_given, cap = c->o.spec_corpus_learn;
+    if (learned > cap) spec_corpus_forget(c->corpus, c->corpus_given, learned - cap + cap / 4);
+    pthread_mutex_lock(&c->mu);
+    c->stats.spec_corpus_tokens = (uint64_t)spec_corpus_tokens(c->corpus);
+    pthread_mutex_unlock(&c->mu);
+}
+
 void speculate(struct conductor *c)
 {
     struct scheduler *sc = &c->sched;
+    learn_flush(c);
     for (int i = 0; i < sc->n_running; i++) {
         struct seq *s = sc->running[i];
         s->n_tokens -= s->n_draft;
@@ -313,6 +352,8 @@ enum status conductor_set_spec_corpus(struct conductor *c, const int32_t *ids, i
     if (st != STATUS_OK) return st;
     spec_corpus_free(c->corpus);
     c->corpus = corpus;
+    c->corpus_given = spec_corpus_ids(corpus);
+    c->stats.spec_corpus_tokens = (uint64_t)spec_corpus_tokens(corpus);
     return STATUS_OK;
 }
 

@@ -66,6 +66,11 @@ static enum status resolve_options(const struct engine_options *opt, struct engi
     if (!(o.spec_corpus_p_min >= 0 && o.spec_corpus_p_min <= 1))
         return status_errorf(STATUS_INVALID_ARGUMENT, "spec_corpus_p_min must be in [0, 1], got %g",
                              (double)o.spec_corpus_p_min);
+    if (o.spec_corpus_learn < 0 || o.spec_corpus_learn > SPEC_LEARN_MAX)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "spec_corpus_learn must be in [0 (off), %d] ids, got %lld",
+                             SPEC_LEARN_MAX, (long long)o.spec_corpus_learn);
+    if (o.spec_corpus_learn && o.spec_draft <= 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "spec_corpus_learn needs speculation on (spec_draft > 0)");
     if (o.spec_ngram_min < 0 || o.spec_ngram_min > (o.spec_ngram > 0 ? o.spec_ngram : 3))
         return status_errorf(STATUS_INVALID_ARGUMENT, "spec_ngram_min must be in [0 (= 2), spec_ngram %d], got %d",
                              o.spec_ngram > 0 ? o.spec_ngram : 3, o.spec_ngram_min);

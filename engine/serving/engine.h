@@ -118,6 +118,13 @@ struct engine_options {
      * "Drafts from a corpus": the replay that chose both). */
     int   spec_corpus_min;
     float spec_corpus_p_min;
+    /* Drafts learned from the engine's own answers (suffix decoding's global tree: Arctic
+     * Inference, vLLM's "suffix" method): each finished sample's output, after the last
+     * SPEC_LEARN_LEAD tokens of its prompt, joins the corpus (the given one, if any, stays; the
+     * learned texts come after it), at a step boundary (conductor_speculate.c learn_flush); beyond
+     * this many learned ids the oldest learned texts are forgotten. 0 = off; needs speculation on;
+     * at most SPEC_LEARN_MAX. Each replica learns from its own answers. */
+    int64_t spec_corpus_learn;
     /* The draft's vocabulary cut to the token ids listed in this file (a JSON array: SGLang's
      * --speculative-token-map, FR-Spec's frequency-ranked head): its LM head computes only those
      * rows, so a draft token costs less, and its drafts are only those tokens (the target still
@@ -447,7 +454,8 @@ struct engine_stats {
                                                (all of them with --speculative ngram; the lookup
                                                share beside a draft model, spec_lookup_first) */
     uint64_t spec_corpus_drafted, spec_corpus_accepted; /* of those, the ones the corpus drafted
-                                               (engine_set_spec_corpus) */
+                                               (engine_set_spec_corpus, spec_corpus_learn) */
+    uint64_t spec_corpus_tokens;            /* the corpus's tokens now, given and learned */
     uint64_t spec_backoffs;                 /* times a sequence stopped drafting for low acceptance
                                                (docs/speculative.md, the adaptive rule) */
     /* --verify-prefix-cache (conductor_verify.c): prompts served from the prefix cache and

@@ -725,6 +725,7 @@ void router_get_stats(struct router *r, struct engine_stats *out)
         out->spec_lookup_accepted += s->spec_lookup_accepted;
         out->spec_corpus_drafted += s->spec_corpus_drafted;
         out->spec_corpus_accepted += s->spec_corpus_accepted;
+        out->spec_corpus_tokens += s->spec_corpus_tokens;
         out->spec_backoffs += s->spec_backoffs;
         out->prefix_cache_verified += s->prefix_cache_verified;
         out->prefix_cache_mismatches += s->prefix_cache_mismatches;

@@ -41,37 +41,80 @@ static void sort_positions(const int32_t *ids, int32_t *sa, int32_t *tmp, int64_
     if (src != sa) memcpy(sa, src, (size_t)n * sizeof *sa);
 }
 
+static enum status out_of_memory(int64_t n)
+{
+    return status_errorf(STATUS_RESOURCE_EXHAUSTED, "spec corpus: out of host memory for %lld ids", (long long)n);
+}
+
 enum status spec_corpus_new(const int32_t *ids, int64_t n, struct spec_corpus **out)
 {
     *out = NULL;
-    if (n < 2 || ids[n - 1] != -1 || n > INT32_MAX - SPEC_CORPUS_SPAN)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "spec corpus: %lld ids, %s", (long long)n,
-                             n < 2 ? "fewer than one text" : n > INT32_MAX - SPEC_CORPUS_SPAN ? "too many" : "the last text not ended by -1");
-    int64_t n_sa = 0, n_texts = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (ids[i] < -1) return status_errorf(STATUS_INVALID_ARGUMENT, "spec corpus: id %d at %lld", ids[i], (long long)i);
-        n_sa += ids[i] >= 0;
-        n_texts += ids[i] < 0;
-    }
     struct spec_corpus *c = calloc(1, sizeof *c);
-    int32_t *tmp = NULL;
-    if (c) c->ids = malloc((size_t)(n + SPEC_CORPUS_SPAN) * sizeof *c->ids);
-    if (c && c->ids) c->sa = malloc((size_t)(n_sa ? n_sa : 1) * sizeof *c->sa);
-    if (c && c->sa) tmp = malloc((size_t)(n_sa ? n_sa : 1) * sizeof *tmp);
-    if (!tmp) {
+    if (!c) return out_of_memory(n);
+    const enum status st = spec_corpus_append(c, ids, n);
+    if (st != STATUS_OK) {
         spec_corpus_free(c);
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "spec corpus: out of host memory for %lld ids", (long long)n);
+        return st;
     }
-    memcpy(c->ids, ids, (size_t)n * sizeof *ids);
-    for (int k = 0; k < SPEC_CORPUS_SPAN; k++) c->ids[n + k] = -1;
-    c->n = n, c->n_sa = n_sa, c->n_texts = n_texts;
-    int64_t j = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (ids[i] >= 0) c->sa[j++] = (int32_t)i;
-    sort_positions(c->ids, c->sa, tmp, n_sa);
-    free(tmp);
     *out = c;
     return STATUS_OK;
+}
+
+/* The old positions keep their order when texts are appended: a comparison stops at a text's
+ * -1, so no old position's span reaches the new ids, and every new position is above every old
+ * one (cmp_pos's tie-break). So the new positions are sorted alone and merged in from the back:
+ * the index is the one spec_corpus_new makes of all the texts at once. */
+enum status spec_corpus_append(struct spec_corpus *c, const int32_t *ids, int64_t n)
+{
+    if (n < 2 || ids[n - 1] != -1 || n > INT32_MAX - SPEC_CORPUS_SPAN - c->n)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "spec corpus: %lld ids, %s", (long long)n,
+                             n < 2 ? "fewer than one text" : n > INT32_MAX - SPEC_CORPUS_SPAN - c->n ? "too many" : "the last text not ended by -1");
+    int64_t add_sa = 0, add_texts = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < -1) return status_errorf(STATUS_INVALID_ARGUMENT, "spec corpus: id %d at %lld", ids[i], (long long)i);
+        add_sa += ids[i] >= 0;
+        add_texts += ids[i] < 0;
+    }
+    int32_t *grown = realloc(c->ids, (size_t)(c->n + n + SPEC_CORPUS_SPAN) * sizeof *c->ids);
+    if (!grown) return out_of_memory(c->n + n);
+    c->ids = grown; /* (its old ids and padding kept: c is unchanged until the end) */
+    grown = realloc(c->sa, (size_t)(c->n_sa + add_sa ? c->n_sa + add_sa : 1) * sizeof *c->sa);
+    if (!grown) return out_of_memory(c->n + n);
+    c->sa = grown;
+    int32_t *fresh = malloc((size_t)(add_sa ? 2 * add_sa : 1) * sizeof *fresh); /* and the sort's scratch */
+    if (!fresh) return out_of_memory(c->n + n);
+    memcpy(c->ids + c->n, ids, (size_t)n * sizeof *ids);
+    for (int k = 0; k < SPEC_CORPUS_SPAN; k++) c->ids[c->n + n + k] = -1;
+    int64_t j = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] >= 0) fresh[j++] = (int32_t)(c->n + i);
+    sort_positions(c->ids, fresh, fresh + add_sa, add_sa);
+    for (int64_t a = c->n_sa - 1, b = add_sa - 1, k = c->n_sa + add_sa - 1; b >= 0; k--)
+        c->sa[k] = a >= 0 && cmp_pos(c->ids, c->sa[a], fresh[b]) > 0 ? c->sa[a--] : fresh[b--];
+    free(fresh);
+    c->n += n, c->n_sa += add_sa, c->n_texts += add_texts;
+    return STATUS_OK;
+}
+
+/* The survivors keep their order: their spans are unchanged (each stops at its own text's -1)
+ * and moving the later ones down by the same amount keeps every tie-break. */
+int64_t spec_corpus_forget(struct spec_corpus *c, int64_t from, int64_t n_min)
+{
+    if (from < 0 || from >= c->n || (from > 0 && c->ids[from - 1] >= 0) || n_min <= 0) return 0;
+    int64_t to = from + n_min < c->n ? from + n_min : c->n;
+    while (c->ids[to - 1] >= 0) to++; /* to the end of the text (ids[n - 1] is -1) */
+    const int64_t gone = to - from;
+    int64_t texts = 0;
+    for (int64_t i = from; i < to; i++) texts += c->ids[i] < 0;
+    memmove(c->ids + from, c->ids + to, (size_t)(c->n + SPEC_CORPUS_SPAN - to) * sizeof *c->ids);
+    int64_t k = 0;
+    for (int64_t i = 0; i < c->n_sa; i++) {
+        const int32_t p = c->sa[i];
+        if (p < from) c->sa[k++] = p;
+        else if (p >= to) c->sa[k++] = (int32_t)(p - gone);
+    }
+    c->n -= gone, c->n_sa = k, c->n_texts -= texts;
+    return gone;
 }
 
 void spec_corpus_free(struct spec_corpus *c)
@@ -83,6 +126,7 @@ void spec_corpus_free(struct spec_corpus *c)
 }
 
 int64_t spec_corpus_tokens(const struct spec_corpus *c) { return c->n_sa; }
+int64_t spec_corpus_ids(const struct spec_corpus *c) { return c->n; }
 int64_t spec_corpus_texts(const struct spec_corpus *c) { return c->n_texts; }
 
 /* Compares the ids at position p with pat[0..n): < 0, 0 (p starts with pat), > 0. */

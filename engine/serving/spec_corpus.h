@@ -26,6 +26,8 @@
 #define SPEC_CORPUS_SPAN      64 /* match + drafts at most: the suffix array orders this many tokens */
 #define SPEC_CORPUS_MIN_DEFAULT   3    /* engine_options.spec_corpus_min's 0 */
 #define SPEC_CORPUS_P_MIN_DEFAULT 0.5f /* engine_options.spec_corpus_p_min's 0 */
+#define SPEC_LEARN_LEAD  4          /* prompt tokens a learned answer keeps before it */
+#define SPEC_LEARN_MAX   (1 << 28)  /* engine_options.spec_corpus_learn's bound (ids) */
 
 struct spec_corpus;
 
@@ -34,6 +36,17 @@ struct spec_corpus;
  * ids are copied. O(n log n) comparisons of at most SPEC_CORPUS_SPAN tokens. */
 enum status spec_corpus_new(const int32_t *ids, int64_t n, struct spec_corpus **out);
 void spec_corpus_free(struct spec_corpus *c); /* accepts NULL */
+
+/* Adds texts ids[0..n) (as spec_corpus_new's, checked alike) after c's: the index becomes the one
+ * spec_corpus_new would make of all of them; O(N + n log n) (N: c's ids). On an error c is
+ * unchanged. Not while another thread reads c. */
+enum status spec_corpus_append(struct spec_corpus *c, const int32_t *ids, int64_t n);
+/* Drops whole texts from the one that starts at id from (0, or just after a -1) on, as few as
+ * hold at least n_min ids (those to the end at most); the later texts move down. Returns the ids
+ * dropped (0 when from is no text's start or n_min <= 0). O(N). Not while another thread reads c. */
+int64_t spec_corpus_forget(struct spec_corpus *c, int64_t from, int64_t n_min);
+
+int64_t spec_corpus_ids(const struct spec_corpus *c);    /* every id, the -1s counted */
 int64_t spec_corpus_tokens(const struct spec_corpus *c); /* ids indexed, the -1s not counted */
 int64_t spec_corpus_texts(const struct spec_corpus *c);
 

@@ -5,9 +5,14 @@ writes the corpus (its greedy continuations of 24 prompts, as {"text"} lines for
 chat {"messages"} with SmolLM2's own Jinja template); then, on other prompts, greedy output must be
 byte-identical to the plain server's, one request at a time and 16 at once, seeded sampled requests
 unchanged, and GetServerStats and /metrics must count the corpus's drafts, some accepted (the test
-fails if the corpus never drafted). Refusals at start-up name the flag: --spec-corpus without
-speculation, --spec-corpus-min 0, --spec-corpus-p-min 0, a malformed line (file and line named), a
-file with no model turn.
+fails if the corpus never drafted). A learning server (--spec-corpus-learn N, no file) starts with an
+empty corpus, grows by its served answers (GetServerStats spec_corpus_tokens = /metrics'
+shardlm_spec_corpus_tokens), drafts a repeated prompt's answer from its first answer (most of the
+second answer's tokens accepted from the corpus), keeps greedy and seeded output unchanged; a small N
+holds the learned part within N while the given file's texts stay. Refusals at start-up name the
+flag: --spec-corpus without speculation, --spec-corpus-min 0, --spec-corpus-p-min 0, a malformed
+line (file and line named), a file with no model turn, --spec-corpus-learn without speculation or
+with a bad count.
 
   test_speculative_corpus.py --shardlm BUILD/cli/shardlm --model DIR [--gguf SMOLLM2.gguf]
 SKIP (77) without the model or the Python client.
@@ -108,6 +113,63 @@ def compare(a, model, name, chat, tmp, batch=True, max_tokens=60):
           f"{name}: /metrics counts the corpus's drafts as GetServerStats does ({m_drafted}, {m_accepted})")
 
 
+def learn(a, tmp):
+    """A server that learns its corpus from its own answers, against a plain one."""
+    with TS.Server(a.shardlm, Path(a.model), name="plain-learn") as srv:
+        seq0 = answers(srv, False, 1, PROMPTS, 60)
+        par0 = answers(srv, False, 16, PROMPTS, 60)
+        oth0 = others(srv, False, PROMPTS[0])
+    args = ["--speculative", "ngram", "--spec-draft", "4", "--spec-max-batch", "16", "--spec-corpus-learn", "1000000"]
+    with TS.Server(a.shardlm, Path(a.model), *args, name="learn", http=True) as srv:
+        with srv.client(timeout=60) as c:
+            st0 = c.server_stats()
+        texts = continuations(srv, CORPUS_PROMPTS, False, 80)
+        with srv.client(timeout=60) as c:
+            st1 = c.server_stats()
+            # the same prompt twice: the second answer is the first, drafted from the corpus
+            first = c.generate("Sue and Tim looked at the moon", max_tokens=80, temperature=0)
+            mid = c.server_stats()
+            second = c.generate("Sue and Tim looked at the moon", max_tokens=80, temperature=0)
+            st2 = c.server_stats()
+        seq1 = answers(srv, False, 1, PROMPTS, 60)
+        par1 = answers(srv, False, 16, PROMPTS, 60)
+        oth1 = others(srv, False, PROMPTS[0])
+        with srv.client(timeout=60) as c:
+            st3 = c.server_stats()
+        gauge = metric(srv.base, "shardlm_spec_corpus_tokens")
+    taught = sum(len(t) for t in texts)
+    check(st0.spec_corpus_tokens == 0 and st1.spec_corpus_tokens >= 24 * 10,
+          f"learn: the corpus starts empty and grows by the answers ({st0.spec_corpus_tokens} -> "
+          f"{st1.spec_corpus_tokens} tokens after 24 answers of {taught} bytes)")
+    got = st2.spec_corpus_accepted_tokens - mid.spec_corpus_accepted_tokens
+    got_all = st2.spec_accepted_tokens - mid.spec_accepted_tokens  # prompt lookup goes first
+    n2 = second.completion_tokens
+    check(first.text == second.text and n2 > 20 and got >= n2 // 3 and got_all >= 0.6 * n2,
+          f"learn: a repeated prompt's answer drafted from the first one ({got} of {n2} tokens accepted "
+          f"from the corpus, {got_all} in all)")
+    check(seq0 == seq1, f"learn: 16 greedy requests one at a time identical while learning "
+          f"({sum(x == y for x, y in zip(seq0, seq1))} of 16 equal)")
+    check(par0 == par1, f"learn: 16 greedy requests at once identical while learning "
+          f"({sum(x == y for x, y in zip(par0, par1))} of 16 equal)")
+    check(oth0 == oth1, "learn: seeded sampled and penalised requests unchanged")
+    check(st3.spec_corpus_tokens > st2.spec_corpus_tokens and gauge == st3.spec_corpus_tokens,
+          f"learn: still growing, /metrics' gauge = GetServerStats ({st2.spec_corpus_tokens} -> "
+          f"{st3.spec_corpus_tokens}; gauge {gauge})")
+    # A small bound: the learned part stays within it, the given file's texts stay.
+    given = tmp / "given.jsonl"
+    given.write_text("".join(json.dumps({"text": p + t}) + "\n" for p, t in zip(CORPUS_PROMPTS[:4], texts)))
+    args = ["--speculative", "ngram", "--spec-draft", "4", "--spec-corpus", str(given), "--spec-corpus-learn", "200"]
+    with TS.Server(a.shardlm, Path(a.model), *args, name="learn-small") as srv:
+        with srv.client(timeout=60) as c:
+            base = c.server_stats().spec_corpus_tokens
+        seq2 = answers(srv, False, 1, PROMPTS, 60)
+        with srv.client(timeout=60) as c:
+            st4 = c.server_stats()
+    check(base > 50 and base < st4.spec_corpus_tokens <= base + 200 and seq2 == seq0,
+          f"learn: --spec-corpus-learn 200 keeps at most 200 learned tokens beside the file's {base} "
+          f"({st4.spec_corpus_tokens} after 16 answers of up to 128 tokens; answers identical: {seq2 == seq0})")
+
+
 def refuse(a, args, want, what):
     p = subprocess.run([a.shardlm, "serve", "--model", a.model, *args, "--listen", "127.0.0.1:0", "--threads", "1"],
                        capture_output=True, text=True, timeout=120)
@@ -136,6 +198,11 @@ def refusals(a, tmp):
            "a corpus without a model turn")
     refuse(a, ["--speculative", "ngram", "--spec-corpus", str(tmp / "absent.jsonl")], ["--spec-corpus", "absent.jsonl"],
            "a corpus file that does not exist")
+    refuse(a, ["--spec-corpus-learn", "1000"], ["--spec-corpus-learn", "--speculative"],
+           "--spec-corpus-learn without speculation")
+    for bad_n in ("-1", "lots", "300000000"):
+        refuse(a, ["--speculative", "ngram", "--spec-corpus-learn", bad_n], ["--spec-corpus-learn", bad_n],
+               f"--spec-corpus-learn {bad_n}")
 
 
 def main():
@@ -152,6 +219,7 @@ def main():
         try:
             refusals(a, tmp)
             compare(a, a.model, "stories260K", False, tmp)
+            learn(a, tmp)
             if a.gguf and os.path.exists(a.gguf):
                 # SmolLM2's blocks depend on a step's rows (test_speculative.py compare): one at a time
                 compare(a, a.gguf, "smollm2", True, tmp, batch=False, max_tokens=40)
