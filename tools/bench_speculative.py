@@ -16,7 +16,7 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
       [--token-map MAP.json] [--eagle HEAD.safetensors[@MAP.json] ...] [--lookup-first] [--llama-server .cache/llama.cpp/build-srv/bin/llama-server] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
       --llama-draft DRAFT.gguf]
       [--batches 1,16] [--open] [--rounds N] [--only NAME,...] [--serve-arg=ARG ...] [--temperature T] [--json-schema TEXT]
-      [--generate]
+      [--generate] [--spec-corpus FILE] [--spec-corpus-learn N [--warm]]
       [--ranks N --serve-arg=--tp --serve-arg=2]
 
 llama.cpp's example programs (llama-lookup, llama-speculative-simple) are built by
@@ -236,6 +236,12 @@ def main():
     ap.add_argument("--spec-corpus", help="a corpus of the model's own answers (tools/distill_data.py's JSONL): "
                     "adds the servers 'ngram + corpus' (prompt lookup, then the corpus) and, with --eagle and "
                     "--lookup-first, 'ngram + corpus + eagle'")
+    ap.add_argument("--spec-corpus-learn", type=int, help="adds the servers 'ngram + learn' (prompt lookup, then "
+                    "the corpus the server learns from its own answers: --spec-corpus-learn N) and, with --spec-corpus, "
+                    "'ngram + corpus + learn'")
+    ap.add_argument("--warm", action="store_true", help="every server answers every prompt once, unmeasured, before "
+                    "the measured runs (requests asked before, a FAQ workload: what --spec-corpus-learn learns; every "
+                    "server alike, so that the prefix cache's hits are the same)")
     ap.add_argument("--spec-corpus-p-min", help="the corpus's --spec-corpus-p-min (comma-separated: one server each)")
     ap.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (seeded per "
                     "request) instead of greedy decoding: answers then differ between servers, speeds compare")
@@ -308,6 +314,12 @@ def main():
             if a.lookup_first:
                 configs += [(f"ngram + corpus{tag} + eagle {h}", ["--speculative", "eagle", *head_of(h), "--spec-ngram",
                                                                  "3", *look, *cflags, *spec]) for h in a.eagle]
+    if a.spec_corpus_learn:
+        lflags = ["--spec-corpus-learn", str(a.spec_corpus_learn)]
+        configs += [("ngram + learn", ["--speculative", "ngram", *lflags, *lookup_spec, *look])]
+        if a.spec_corpus:
+            configs += [("ngram + corpus + learn", ["--speculative", "ngram", "--spec-corpus", a.spec_corpus, *lflags,
+                                                    *lookup_spec, *look])]
     for p in p_mins[1:]:  # each draft or head server again with each further threshold
         configs += [(f"{name}, p_min {p}", [*flags[:-1], p]) for name, flags in configs
                     if flags[-2:] == ["--spec-p-min", p_mins[0]]]
@@ -322,6 +334,8 @@ def main():
                 launcher = ("mpirun", "--oversubscribe", "-n", str(a.ranks)) if a.ranks > 1 else ()
                 with TS.Server(a.shardlm, Path(a.model), "--threads", str(a.threads), *a.serve_arg, *flags,
                                name="bench-spec", env=env, launcher=launcher) as srv:
+                    if a.warm:  # every server: the same prefix-cache hits before the measured runs
+                        run(srv, prompts, a.max_tokens, 1, a.temperature, a.json_schema)  # learned, not measured
                     for parallel in batches:
                         r = run(srv, prompts, a.max_tokens, parallel, a.temperature, a.json_schema)
                         speeds.setdefault((name, parallel), []).append(r[1] / r[2])

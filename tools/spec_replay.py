@@ -11,11 +11,12 @@ else -1), the speed-up at each c, the acceptance, and an oracle that copies from
 position. With --open N the requests are everyday ones instead (bench_speculative.py's OPEN_PROMPTS
 and N held-out chat turns), and with --corpus FILE the replay is prompt lookup then serve
 --spec-corpus's drafts (the Corpus class: the rule of engine/serving/spec_corpus.h) over a grid of
-its n_min and p_min. Not a test.
+its n_min and p_min; --learn replays serve --spec-corpus-learn (each request's output joins the
+corpus before the next request). Not a test.
 
   python3 tools/spec_replay.py --shardlm build/cli/shardlm --model FILE.gguf
       [--squad .cache/chat-data/squad_eval.json] [--questions 200] [--max-tokens 64] [--trace FILE.json]
-      [--open N --held-out FILE.jsonl] [--corpus ANSWERS.jsonl [--corpus-end TEXT]] [--serve-arg=ARG ...]
+      [--open N --held-out FILE.jsonl] [--corpus ANSWERS.jsonl [--corpus-end TEXT]] [--learn] [--serve-arg=ARG ...]
 """
 import argparse
 import bisect
@@ -142,18 +143,19 @@ class Corpus:
     SPAN = 64
 
     def __init__(self, texts):
-        flat = []
-        for t in texts:
-            flat += list(t) + [-1]
-        keys = []
-        for i, x in enumerate(flat):
-            if x >= 0:
-                j = i
-                while j < len(flat) and j - i < self.SPAN and flat[j] >= 0:
-                    j += 1
-                keys.append(tuple(flat[i:j]))
-        keys.sort()
-        self.keys, self.n_tokens = keys, len(keys)
+        self.keys = sorted(k for t in texts for k in self.spans(t))
+        self.n_tokens = len(self.keys)
+
+    def spans(self, t):
+        """The suffixes of one text, SPAN tokens at most (a text's end stops a comparison)."""
+        t = list(t)
+        return [tuple(t[i:i + self.SPAN]) for i in range(len(t)) if t[i] >= 0]
+
+    def add(self, t):
+        """One more text (serve --spec-corpus-learn: an answer after its prompt's last tokens)."""
+        for k in self.spans(t):
+            bisect.insort(self.keys, k)
+        self.n_tokens = len(self.keys)
 
     def occurrences(self, pat):
         pat = tuple(pat)
@@ -219,6 +221,49 @@ def generate(a, prompts):
     return seqs
 
 
+LEARN_LEAD = 4  # engine/serving/spec_corpus.h SPEC_LEARN_LEAD
+
+
+def replay_learned(seqs, rule_of, limit):
+    """replay_counts with serve --spec-corpus-learn: each request drafts from the corpus as it stands,
+    then its output (after the prompt's last LEARN_LEAD tokens) joins it. rule_of(corpus) -> rule;
+    the corpus is made by rule_of's owner and grows here."""
+    corpus, rule = rule_of()
+    total = [0, 0, 0, 0]
+    for n_prompt, t in seqs:
+        for i, x in enumerate(replay_counts([(n_prompt, t)], rule, limit)):
+            total[i] += x
+        corpus.add(list(t[n_prompt - LEARN_LEAD:]) + [-1])
+    return tuple(total)
+
+
+def replay_learn(a, seqs, texts):
+    """Learning from the served answers (in the order served), with and without a given corpus."""
+    n_out = sum(len(t) - n for n, t in seqs)
+    print(f"{len(seqs)} requests in order, greedy: {n_out} generated tokens; given corpus: {len(texts)} texts")
+    cs = (0.125, 0.25, 0.4)
+    print("| drafter (n_min 3, p_min 0.5) | K | " + " | ".join(f"c = {c}" for c in cs) + " | drafted | acceptance |")
+    print("| --- | --- | " + " | ".join("---" for _ in cs) + " | --- | --- |")
+
+    def chain(given):
+        def make():
+            corpus = Corpus(texts if given else [])
+            return corpus, lambda t, k: lookup(t, 3, k) or (corpus.draft(t, k, 3, 0.5) if corpus.n_tokens else [])
+        return make
+    runs = [("prompt lookup", lambda: (Corpus([]), lambda t, k: lookup(t, 3, k)), False),
+            ("lookup, then the corpus learned from the answers", chain(False), True)]
+    if texts:
+        runs += [("lookup, then the given corpus", chain(True), False),
+                 ("lookup, then the given corpus and the learned", chain(True), True)]
+    for name, make, learn in runs:
+        for k in (3, 4):
+            counts = replay_learned(seqs, make, k) if learn else replay_counts(seqs, make()[1], k)
+            tokens, steps, drafted, accepted = counts
+            print(f"| {name} | {k} | " + " | ".join(f"{tokens / (steps + c * drafted):.2f}x" for c in cs) +
+                  f" | {drafted} | {100 * accepted / max(1, drafted):.0f} % |", flush=True)
+    return 0
+
+
 def replay_corpus(a, seqs, texts):
     """Prompt lookup alone against lookup then the corpus, over a grid of n_min and p_min."""
     corpus = Corpus(texts)
@@ -261,6 +306,8 @@ def main():
                     "prompt lookup, then serve --spec-corpus's drafts where it finds nothing")
     ap.add_argument("--corpus-end", default="<end_of_turn>", help="the text of the end of a model turn (its id "
                     "ends every corpus text, as the chat template's training rendering does; default Gemma's)")
+    ap.add_argument("--learn", action="store_true", help="replay serve --spec-corpus-learn: each request's output "
+                    "joins the corpus (with --corpus: after the given one) before the next request")
     ap.add_argument("--trace", help="a JSON file: read the token sequences from it when it exists (no server), "
                     "else write them there after generating")
     a = ap.parse_args()
@@ -283,6 +330,8 @@ def main():
         if a.trace:
             Path(a.trace).write_text(json.dumps(seqs))
     n_out = sum(len(t) - n for n, t in seqs)
+    if a.learn:
+        return replay_learn(a, seqs, corpus_texts(a) if a.corpus else [])
     if a.corpus:
         return replay_corpus(a, seqs, corpus_texts(a))
     print(f"{len(seqs)} {what}, {a.max_tokens} tokens at most, greedy: {n_out} generated tokens, "

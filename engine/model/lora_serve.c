@@ -57,8 +57,16 @@ void lora_apply(const struct lora *l, struct backend *b, int layer, enum lora_ta
           "LoRA: %lld rows exceed the scratch", (long long)T);
     struct tensor u = tensor_view2(u_buf, T, l->rank);
     struct tensor z = tensor_view2(z_buf, T, s->b.shape[0]);
+    /* Row by row whatever T is (the backend's row-invariant paths, as a verification step's):
+     * through sgemm a row's last bits depended on how many rows shared the step, so a prefix-cache
+     * hit (a shorter prefill) or the batch around a request changed greedy answers (the default
+     * chat model: 16 of 24 held-out chat answers differed when asked a second time, 2026-12-05).
+     * The adapter's products are of rank r, a small part of a step either way. */
+    const int was = b->rows_as_decode;
+    b->rows_as_decode = 1;
     op_matmul(b, &u, x, &s->a, NULL);    /* u = x A^T (T, r) */
     op_scale(b, &u, &u, l->scale);        /* u = s x A^T */
     op_matmul(b, &z, &u, &s->b, NULL);    /* z = u B^T (T, out) */
+    b->rows_as_decode = was;
     op_add(b, y, y, &z);
 }

@@ -16,6 +16,8 @@ adapter is a random PEFT adapter (rank 4, every projection) written here. Checke
   it by 3.4), so that a server that ignored it fails;
 - the same through shardlm's own f32 path: `convert gguf` + `merge-lora`, served without
   adapters, within LOGPROB_TOL of the GGUF + unmerged adapter, and within F32_TOL of the reference;
+- 6 greedy requests with the adapter at once equal the lone one bit for bit (ids and
+  log-probabilities: the adapter's products row by row, whatever the step holds);
 - --default-adapter: a request naming no adapter (gRPC adapter "", HTTP without `model`) gets
   exactly the ids and log-probabilities of one naming it; the served model's id reaches the base
   (gRPC adapter, HTTP model), which matches the reference without the adapter; GetModelInfo gives
@@ -46,6 +48,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -171,6 +174,22 @@ def run(shardlm, fixtures, work):
         g_default, g_chat, g_base = greedy(c), greedy(c, adapter="chat"), greedy(c, adapter=model_id)
         check(g_default == g_chat, f"greedy: no adapter {g_default[0]} vs 'chat' {g_chat[0]}")
         check(g_base[1] != g_chat[1], "greedy: the base's log-probabilities equal the default adapter's")
+        # The adapter's rows do not depend on the step around them: 6 requests at once (decode
+        # steps of several rows through the adapter's products) give the lone request's ids and
+        # log-probabilities bit for bit (the adapter's f32 products row by row, lora_apply).
+        together = []
+
+        def one(i):
+            with s.client(timeout=60) as cc:
+                together.append(greedy(cc, adapter="chat", seed=i))
+        workers = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(timeout=120)
+        same = sum(x == g_chat for x in together)
+        check(len(together) == 6 and same == 6, f"greedy with the adapter, 6 requests at once: {same} of "
+              f"{len(together)} equal the lone request bit for bit (ids and log-probabilities)")
         # HTTP: no model = the default adapter; the model's id = the base; responses name who answered.
         req = dict(prompt=PROMPT[:6], max_tokens=12, temperature=0, logprobs=0)
         for model, want, name in [(None, g_chat, "chat"), ("chat", g_chat, "chat"), (model_id, g_base, model_id)]:
