@@ -162,6 +162,15 @@ class Corpus:
         lo, hi = bisect.bisect_left(self.keys, pat), bisect.bisect_left(self.keys, pat + (1 << 40,))
         return [i for i in range(lo, hi) if len(self.keys[i]) > len(pat)]
 
+    def matched(self, ctx, n_min=3):
+        """n*: the longest match (up to 32) of ctx's last tokens whose occurrences go on; 0 if none."""
+        best = 0
+        for n in range(n_min, min(32, len(ctx)) + 1):
+            if not self.occurrences(ctx[len(ctx) - n:]):
+                break
+            best = n
+        return best
+
     def draft(self, ctx, k, n_min=3, p_min=0.1):
         best = None
         for n in range(n_min, min(32, len(ctx)) + 1):
@@ -222,6 +231,17 @@ def generate(a, prompts):
 
 
 LEARN_LEAD = 4  # engine/serving/spec_corpus.h SPEC_LEARN_LEAD
+FIRST_MATCH = 24  # SPEC_CORPUS_FIRST_MATCH: a corpus match this long drafts before prompt lookup
+
+
+def lookup_then_corpus(corpus, t, k, n_min=3, p_min=0.5):
+    """conductor_speculate.c's order: the corpus where its match is FIRST_MATCH tokens or more, else
+    prompt lookup, then the corpus where lookup finds nothing."""
+    if not corpus.n_tokens:
+        return lookup(t, 3, k)
+    if corpus.matched(t, n_min) >= FIRST_MATCH:
+        return corpus.draft(t, k, n_min, p_min) or lookup(t, 3, k)
+    return lookup(t, 3, k) or corpus.draft(t, k, n_min, p_min)
 
 
 def replay_learned(seqs, rule_of, limit):
@@ -248,7 +268,7 @@ def replay_learn(a, seqs, texts):
     def chain(given):
         def make():
             corpus = Corpus(texts if given else [])
-            return corpus, lambda t, k: lookup(t, 3, k) or (corpus.draft(t, k, 3, 0.5) if corpus.n_tokens else [])
+            return corpus, lambda t, k: lookup_then_corpus(corpus, t, k)
         return make
     runs = [("prompt lookup", lambda: (Corpus([]), lambda t, k: lookup(t, 3, k)), False),
             ("lookup, then the corpus learned from the answers", chain(False), True)]
@@ -275,7 +295,7 @@ def replay_corpus(a, seqs, texts):
     print("| --- | --- | " + " | ".join("---" for _ in cs) + " | --- | --- |")
 
     def both(n_min, p_min):
-        return lambda t, k: lookup(t, 3, k) or corpus.draft(t, k, n_min, p_min)
+        return lambda t, k: lookup_then_corpus(corpus, t, k, n_min, p_min)
     rules = [("prompt lookup", lambda t, k: lookup(t, 3, k))]
     rules += [(f"lookup, then the corpus (n_min {n}, p_min {p})", both(n, p))
               for n in (2, 3, 4) for p in (0.0, 0.1, 0.2, 0.3, 0.5)]

@@ -225,13 +225,6 @@ static void spec_prior_update(struct conductor *c, int n_ver, int n_accepted, in
                                         : SPEC_BACKOFF_FIRST;
 }
 
-/* Before planning: every sequence's drafts of the last step are gone (take_results consumed the
- * verified ones); each eligible sequence that is not backing off appends new ones, up to its
- * adaptive length, within a budget of logits rows and batch rows that leaves the other sequences
- * theirs: by prompt lookup, or from the draft model when there is one (for the sequences that
- * get one of its cache slots), or both (spec_lookup_first: lookup where its last tokens match
- * earlier ones, the draft elsewhere; a draft slot that sat out steps catches up with the tokens
- * taken meanwhile at its next proposal, draft_run). */
 void spec_learn(struct conductor *c, const struct seq *s, enum finish_reason why)
 {
     const struct request *r = s->req;
@@ -270,6 +263,13 @@ static void learn_flush(struct conductor *c)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* Before planning: the answers a learning corpus kept join it (learn_flush); every sequence's
+ * drafts of the last step are gone (take_results consumed the verified ones); each eligible sequence that is not backing off appends new ones, up to its
+ * adaptive length, within a budget of logits rows and batch rows that leaves the other sequences
+ * theirs: by prompt lookup, or from the draft model when there is one (for the sequences that
+ * get one of its cache slots), or both (spec_lookup_first: lookup where its last tokens match
+ * earlier ones, the draft elsewhere; a draft slot that sat out steps catches up with the tokens
+ * taken meanwhile at its next proposal, draft_run). */
 void speculate(struct conductor *c)
 {
     struct scheduler *sc = &c->sched;
@@ -312,14 +312,21 @@ void speculate(struct conductor *c)
         if (max > left) max = left;
         if (max > room) max = room;
         if (max <= 0) continue;
-        /* prompt lookup (room: n_prompt + max_tokens + 1), alone or first; then the corpus; the
-         * draft model where neither finds anything */
-        int32_t *room_at = s->tokens + s->n_tokens;
-        int k = !c->draft.m || c->o.spec_lookup_first ? lookup_draft(s, ngram, ngram_min, max, room_at) : 0;
-        int from = k > 0 ? SPEC_FROM_LOOKUP : 0;
-        if (!k && c->corpus) {
-            k = spec_corpus_draft(c->corpus, s->tokens, s->n_tokens, corpus_min, corpus_p_min, max, room_at, NULL);
-            from = k > 0 ? SPEC_FROM_CORPUS : 0;
+        /* The corpus where its match is long (SPEC_CORPUS_FIRST_MATCH: an answer repeating an
+         * earlier one); else prompt lookup (room: n_prompt + max_tokens + 1), alone or first; then
+         * the corpus; the draft model where none finds anything. */
+        int32_t *room_at = s->tokens + s->n_tokens, from_corpus[SPEC_CORPUS_SPAN];
+        int matched = 0, k_corpus = 0, k = 0, from = 0;
+        if (c->corpus)
+            k_corpus = spec_corpus_draft(c->corpus, s->tokens, s->n_tokens, corpus_min, corpus_p_min, max, from_corpus,
+                                         &matched);
+        if (k_corpus <= 0 || matched < SPEC_CORPUS_FIRST_MATCH) {
+            k = !c->draft.m || c->o.spec_lookup_first ? lookup_draft(s, ngram, ngram_min, max, room_at) : 0;
+            from = k > 0 ? SPEC_FROM_LOOKUP : 0;
+        }
+        if (!k && k_corpus > 0) {
+            memcpy(room_at, from_corpus, (size_t)k_corpus * sizeof *room_at);
+            k = k_corpus, from = SPEC_FROM_CORPUS;
         }
         if (k > 0 || !c->draft.m) {
             s->n_tokens += k;

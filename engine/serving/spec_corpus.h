@@ -26,6 +26,7 @@
 #define SPEC_CORPUS_SPAN      64 /* match + drafts at most: the suffix array orders this many tokens */
 #define SPEC_CORPUS_MIN_DEFAULT   3    /* engine_options.spec_corpus_min's 0 */
 #define SPEC_CORPUS_P_MIN_DEFAULT 0.5f /* engine_options.spec_corpus_p_min's 0 */
+#define SPEC_CORPUS_FIRST_MATCH 24 /* a match this long drafts before prompt lookup (conductor_speculate.c) */
 #define SPEC_LEARN_LEAD  4          /* prompt tokens a learned answer keeps before it */
 #define SPEC_LEARN_MAX   (1 << 28)  /* engine_options.spec_corpus_learn's bound (ids) */
 

@@ -144,7 +144,7 @@ def learn(a, tmp):
     got = st2.spec_corpus_accepted_tokens - mid.spec_corpus_accepted_tokens
     got_all = st2.spec_accepted_tokens - mid.spec_accepted_tokens  # prompt lookup goes first
     n2 = second.completion_tokens
-    check(first.text == second.text and n2 > 20 and got >= n2 // 3 and got_all >= 0.6 * n2,
+    check(first.text == second.text and n2 > 20 and got >= n2 // 2 and got_all >= 0.6 * n2,
           f"learn: a repeated prompt's answer drafted from the first one ({got} of {n2} tokens accepted "
           f"from the corpus, {got_all} in all)")
     check(seq0 == seq1, f"learn: 16 greedy requests one at a time identical while learning "
