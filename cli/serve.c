@@ -157,6 +157,8 @@ static int usage(const char *fmt, const char *arg)
                     "  --spec-corpus-learn N  beside --speculative: each answer served joins that corpus (with\n"
                     "                 --spec-corpus FILE or alone), the oldest learned forgotten beyond N tokens\n"
                     "                 (1000000: 8 MB); what one client's answers taught speeds others' requests\n"
+                    "  --spec-corpus-keep FILE  beside --spec-corpus-learn: the learned texts are read from FILE at\n"
+                    "                 start (when it is there) and written back at shutdown (not on a crash)\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
                     "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n"
                     "  --lora NAME=DIR          serve the PEFT adapter in DIR unmerged as NAME; a request picks it by\n"
@@ -322,6 +324,8 @@ int serve_main(int argc, char **argv)
             if (base_parse_long(v, 0, SPEC_LEARN_MAX, &n))
                 return usage("--spec-corpus-learn must be a count of tokens in [0 (off), 268435456], got '%s'", v);
             o.engine.spec_corpus_learn = n;
+        } else if (!strcmp(a, "--spec-corpus-keep")) {
+            o.engine.spec_corpus_keep = v;
         } else if (!strcmp(a, "--spec-corpus-min")) {
             if (base_parse_long(v, 1, SPEC_CORPUS_MAX_MATCH, &n))
                 return usage("--spec-corpus-min must be an integer in [1, 32], got '%s'", v);
@@ -483,6 +487,10 @@ int serve_main(int argc, char **argv)
         return usage("--spec-corpus-min and --spec-corpus-p-min need --spec-corpus FILE or --spec-corpus-learn N%s", "");
     if (o.spec_corpus && !o.engine.spec_draft)
         return usage("--spec-corpus needs speculation on (--speculative ngram, or a --draft-model)%s", "");
+    if (o.engine.spec_corpus_keep && !o.engine.spec_corpus_learn)
+        return usage("--spec-corpus-keep FILE needs --spec-corpus-learn N (it keeps what the corpus learned)%s", "");
+    if (o.engine.spec_corpus_keep && dp > 1)
+        return usage("--spec-corpus-keep FILE serves one replica (each would write the file), not --dp > 1%s", "");
     if (o.engine.spec_corpus_learn && !o.engine.spec_draft)
         return usage("--spec-corpus-learn needs speculation on (--speculative ngram, or a --draft-model)%s", "");
     if (!n_models) return usage("--model DIR is required%s", "");

@@ -545,6 +545,9 @@ static enum status server_models(struct server *s)
                                      "path): requests could not tell them apart", s->models[j].eopts.model_dir,
                                      s->models[i].eopts.model_dir, s->models[i].model_id);
     }
+    if (o->engine.spec_corpus_keep && s->n_models > 1)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--spec-corpus-keep %s serves one model: %d --model given (each "
+                             "would write the file)", o->engine.spec_corpus_keep, s->n_models);
     if (o->models_max < 0 || o->models_max > SERVER_MAX_MODELS)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--models-max must be in [1, %d], got %d", SERVER_MAX_MODELS,
                              o->models_max);

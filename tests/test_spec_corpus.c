@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "sampler.h"
 #include "spec_corpus.h"
@@ -235,6 +236,64 @@ int main(void)
         check(spec_corpus_new(bad, 3, &c) == STATUS_INVALID_ARGUMENT && !c, "an id below -1 is refused", status_message());
         check(spec_corpus_new(bad, 1, &c) == STATUS_INVALID_ARGUMENT && !c, "fewer than two ids are refused", status_message());
         spec_corpus_free(NULL);
+    }
+    /* The kept corpus's file (spec_corpus_file_write / _read): read back as written; absent is
+     * empty; another tokenizer, a foreign file, an altered or cut one and an id outside the
+     * vocabulary refused, their messages naming the file (also once wrapped by a caller's
+     * status_errorf(st, "...: %s", status_message()), whose source and destination once overlapped). */
+    {
+        char dir[] = "/tmp/spec_corpus_keep_XXXXXX", path[64], other[80];
+        check(mkdtemp(dir) != NULL, "a temporary directory", dir);
+        snprintf(path, sizeof path, "%s/kept", dir);
+        const int32_t ids[] = {3, 4, 5, -1, 7, 8, 9, 9, -1};
+        const int64_t n = (int64_t)(sizeof ids / sizeof ids[0]);
+        int32_t *got = NULL;
+        int64_t n_got = -1;
+        check(spec_corpus_file_read(path, 10, 42, &got, &n_got) == STATUS_OK && !got && n_got == 0,
+              "a file not there is an empty kept corpus", status_message());
+        check(spec_corpus_file_write(path, 10, 42, ids, n) == STATUS_OK, "written", status_message());
+        enum status st = spec_corpus_file_read(path, 10, 42, &got, &n_got);
+        check(st == STATUS_OK && n_got == n && got && !memcmp(got, ids, sizeof ids), "read back as written",
+              status_message());
+        free(got);
+        st = spec_corpus_file_read(path, 11, 42, &got, &n_got);
+        check(st == STATUS_FAILED_PRECONDITION && !got && strstr(status_message(), "another tokenizer"),
+              "another vocabulary refused", status_message());
+        st = spec_corpus_file_read(path, 10, 43, &got, &n_got);
+        check(st == STATUS_FAILED_PRECONDITION && strstr(status_message(), "another tokenizer"),
+              "another tokenizer's fingerprint refused", status_message());
+        st = status_errorf(st, "--spec-corpus-keep: %s", status_message());
+        check(!strncmp(status_message(), "--spec-corpus-keep: ", 20) && !strncmp(status_message() + 20, path, strlen(path)),
+              "a message wrapped by status_errorf keeps the file's name", status_message());
+        FILE *f = fopen(path, "rb");
+        unsigned char buf[256];
+        const size_t len = f ? fread(buf, 1, sizeof buf, f) : 0;
+        if (f) fclose(f);
+        snprintf(other, sizeof other, "%s/other", dir);
+        const struct { size_t at, cut; unsigned char flip; enum status want; const char *word, *what; } bad[] = {
+            {0, 0, 'x', STATUS_FAILED_PRECONDITION, "not a kept", "a file of another kind refused"},
+            {36, 0, 1, STATUS_BAD_FORMAT, "checksum", "an altered id refused"},
+            {0, 3, 0, STATUS_BAD_FORMAT, "cut short", "a file cut short refused"},
+            {8, 0, 1, STATUS_BAD_FORMAT, "version", "another version refused"},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            unsigned char copy[256];
+            memcpy(copy, buf, len);
+            copy[bad[i].at] ^= bad[i].flip;
+            f = fopen(other, "wb");
+            if (f) fwrite(copy, 1, len - bad[i].cut, f), fclose(f);
+            st = spec_corpus_file_read(other, 10, 42, &got, &n_got);
+            check(st == bad[i].want && !got && strstr(status_message(), bad[i].word) && strstr(status_message(), other),
+                  bad[i].what, status_message());
+        }
+        const int32_t outside[] = {3, 12, -1};
+        check(spec_corpus_file_write(other, 10, 42, outside, 3) == STATUS_OK &&
+                  spec_corpus_file_read(other, 10, 42, &got, &n_got) == STATUS_BAD_FORMAT &&
+                  strstr(status_message(), "not a token"),
+              "an id outside the vocabulary refused", status_message());
+        remove(path);
+        remove(other);
+        rmdir(dir);
     }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -64,6 +64,7 @@ struct conductor {
     int64_t  corpus_given;       /* its first ids, the given corpus's (never forgotten); the learned after */
     int32_t *learn;              /* (learn_cap) finished outputs not yet in corpus (spec_corpus_learn) */
     int64_t  n_learn, learn_cap;
+    int      corpus_kept;        /* spec_corpus_keep's file was read (or absent) at start: write it back at the end */
     float   *spec_q, *spec_p;
     float   *eagle_hidden;       /* EAGLE: the step's hidden states, (max_batch_tokens, d_model): on the
                                     first rank, and at pp > 1 on the last stage's first tp rank */
@@ -169,5 +170,11 @@ void        speculate(struct conductor *c);
  * (engine_options.spec_corpus_learn; finish_seq calls it; errors and empty outputs are not kept). */
 void        spec_learn(struct conductor *c, const struct seq *s, enum finish_reason why);
 void        take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_ver);
+/* engine_options.spec_corpus_keep: the learned texts kept in the file are read into the corpus
+ * before the engine thread starts (conductor_start), and the corpus's learned texts written back
+ * once it has stopped (conductor_free; only when the start read the file, so that a file refused
+ * there is never overwritten). */
+enum status spec_keep_load(struct conductor *c);
+void        spec_keep_save(struct conductor *c);
 
 #endif

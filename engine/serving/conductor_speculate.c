@@ -243,24 +243,76 @@ void spec_learn(struct conductor *c, const struct seq *s, enum finish_reason why
     c->learn[c->n_learn++] = -1;
 }
 
-/* Moves the kept outputs into the corpus: at every step where at most one sequence runs (so a
- * lone client's next request drafts from its last answer), else once SPEC_LEARN_BATCH ids wait;
- * then forgets the oldest learned texts while the learned ids exceed spec_corpus_learn (a
- * quarter more, so that the O(N) cut comes once in a while). On an error (memory) the outputs
- * are dropped and the corpus stays as it was. */
+/* learn_join moves the kept outputs into the corpus, then forgets the oldest learned texts while
+ * the learned ids exceed spec_corpus_learn (slack more: a quarter of it while serving, so that
+ * the O(N) cut comes once in a while; none for a kept file read at start). On an error (memory)
+ * the outputs are dropped and the corpus stays as it was. learn_flush calls it at every step
+ * where at most one sequence runs (so a lone client's next request drafts from its last answer),
+ * else once SPEC_LEARN_BATCH ids wait. */
 #define SPEC_LEARN_BATCH 4096
-static void learn_flush(struct conductor *c)
+static void learn_join(struct conductor *c, int64_t slack)
 {
-    if (!c->n_learn || (c->sched.n_running > 1 && c->n_learn < SPEC_LEARN_BATCH)) return;
     enum status st = c->corpus ? spec_corpus_append(c->corpus, c->learn, c->n_learn)
                                : spec_corpus_new(c->learn, c->n_learn, &c->corpus);
     c->n_learn = 0;
     if (st != STATUS_OK) return;
     const int64_t learned = spec_corpus_ids(c->corpus) - c->corpus_given, cap = c->o.spec_corpus_learn;
-    if (learned > cap) spec_corpus_forget(c->corpus, c->corpus_given, learned - cap + cap / 4);
+    if (learned > cap) spec_corpus_forget(c->corpus, c->corpus_given, learned - cap + slack);
     pthread_mutex_lock(&c->mu);
     c->stats.spec_corpus_tokens = (uint64_t)spec_corpus_tokens(c->corpus);
     pthread_mutex_unlock(&c->mu);
+}
+
+static void learn_flush(struct conductor *c)
+{
+    if (!c->n_learn || (c->sched.n_running > 1 && c->n_learn < SPEC_LEARN_BATCH)) return;
+    learn_join(c, c->o.spec_corpus_learn / 4);
+}
+
+/* What a kept corpus is bound to: the vocabulary's size and an FNV-1a 64 over every token's
+ * piece (a file kept by a model with another tokenizer would draft nonsense). */
+static uint64_t tokenizer_fingerprint(const struct tokenizer *t)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (int32_t id = 0; id < tokenizer_vocab_size(t); id++) {
+        const char *piece = tokenizer_id_to_piece(t, id);
+        for (const unsigned char *p = (const unsigned char *)(piece ? piece : ""); *p; p++) h = (h ^ *p) * 1099511628211ull;
+        h = (h ^ 0xffu) * 1099511628211ull; /* the piece's end (0xff is no UTF-8 byte) */
+    }
+    return h;
+}
+
+enum status spec_keep_load(struct conductor *c)
+{
+    const char *path = c->o.spec_corpus_keep;
+    if (!path || !conductor_is_first_rank(c)) return STATUS_OK;
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    enum status st = spec_corpus_file_read(path, c->m->cfg.vocab_size, tokenizer_fingerprint(c->tok), &ids, &n);
+    if (st != STATUS_OK) return status_errorf(st, "--spec-corpus-keep: %s", status_message());
+    if (n) { /* before the engine starts nothing waits to be learned: the kept texts take the buffer */
+        free(c->learn);
+        c->learn = ids, c->n_learn = n, c->learn_cap = n;
+        ids = NULL;
+        learn_join(c, 0); /* the newest kept texts, up to spec_corpus_learn ids */
+    }
+    free(ids);
+    c->corpus_kept = 1;
+    LOG_INFO("engine", "speculative corpus: %lld tokens, those kept in %s included",
+             (long long)(c->corpus ? spec_corpus_tokens(c->corpus) : 0), path);
+    return STATUS_OK;
+}
+
+void spec_keep_save(struct conductor *c)
+{
+    if (!c->corpus_kept) return;
+    if (c->n_learn) learn_join(c, c->o.spec_corpus_learn / 4);
+    int64_t n = 0;
+    const int32_t *ids = c->corpus ? spec_corpus_id_data(c->corpus, c->corpus_given, &n) : NULL;
+    enum status st = spec_corpus_file_write(c->o.spec_corpus_keep, c->m->cfg.vocab_size, tokenizer_fingerprint(c->tok),
+                                            ids, n);
+    if (st != STATUS_OK) LOG_WARN("engine", "--spec-corpus-keep: the learned corpus was not kept: %s", status_message());
+    else LOG_INFO("engine", "speculative corpus: %lld learned ids kept in %s", (long long)n, c->o.spec_corpus_keep);
 }
 
 /* Before planning: the answers a learning corpus kept join it (learn_flush); every sequence's

@@ -71,6 +71,8 @@ static enum status resolve_options(const struct engine_options *opt, struct engi
                              SPEC_LEARN_MAX, (long long)o.spec_corpus_learn);
     if (o.spec_corpus_learn && o.spec_draft <= 0)
         return status_errorf(STATUS_INVALID_ARGUMENT, "spec_corpus_learn needs speculation on (spec_draft > 0)");
+    if (o.spec_corpus_keep && !o.spec_corpus_learn)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "spec_corpus_keep needs a learning corpus (spec_corpus_learn > 0)");
     if (o.spec_ngram_min < 0 || o.spec_ngram_min > (o.spec_ngram > 0 ? o.spec_ngram : 3))
         return status_errorf(STATUS_INVALID_ARGUMENT, "spec_ngram_min must be in [0 (= 2), spec_ngram %d], got %d",
                              o.spec_ngram > 0 ? o.spec_ngram : 3, o.spec_ngram_min);
@@ -103,7 +105,9 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
     if (st != STATUS_OK) return st;
     struct engine *e = calloc(1, sizeof *e);
     if (!e) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory");
-    if (dp > 1) st = router_create(&o, dp, &e->router); /* replicas, each a conductor, behind the router */
+    if (dp > 1 && o.spec_corpus_keep)
+        st = status_errorf(STATUS_UNSUPPORTED, "a kept speculative corpus serves one replica: dp %d given", dp);
+    else if (dp > 1) st = router_create(&o, dp, &e->router); /* replicas, each a conductor, behind the router */
     else st = conductor_create(&o, &e->local);
     if (st != STATUS_OK) {
         free(e);

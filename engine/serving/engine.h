@@ -125,6 +125,13 @@ struct engine_options {
      * this many learned ids the oldest learned texts are forgotten. 0 = off; needs speculation on;
      * at most SPEC_LEARN_MAX. Each replica learns from its own answers. */
     int64_t spec_corpus_learn;
+    /* The learned texts kept across restarts in this file (`serve --spec-corpus-keep FILE`;
+     * spec_corpus.h for its layout): read into the corpus at engine_start when the file is
+     * there (a file of another kind, another tokenizer's, or altered is refused by name and left
+     * as it is), written back (PATH.tmp renamed over it) when the engine is freed, not in
+     * between: a crash loses what was learned since the start. Needs spec_corpus_learn; one
+     * replica (dp 1). NULL = not kept. */
+    const char *spec_corpus_keep;
     /* The draft's vocabulary cut to the token ids listed in this file (a JSON array: SGLang's
      * --speculative-token-map, FR-Spec's frequency-ranked head): its LM head computes only those
      * rows, so a draft token costs less, and its drafts are only those tokens (the target still

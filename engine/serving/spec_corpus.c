@@ -2,8 +2,10 @@
  * Tests: tests/test_spec_corpus.c (the rule against a scan of every position). */
 #include "spec_corpus.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 struct spec_corpus {
     int32_t *ids;   /* (n + SPEC_CORPUS_SPAN) the texts, each ended by -1; -1 padding after */
@@ -196,4 +198,100 @@ int spec_corpus_draft(const struct spec_corpus *c, const int32_t *ctx, int n_ctx
         lo = run_lo, hi = run_lo + run_len;
     }
     return k;
+}
+
+const int32_t *spec_corpus_id_data(const struct spec_corpus *c, int64_t from, int64_t *n)
+{
+    *n = from < c->n ? c->n - from : 0;
+    return c->ids + (from < c->n ? from : c->n);
+}
+
+/* The kept corpus's file (spec_corpus.h). */
+#define KEEP_MAGIC   "SHLMSPC1"
+#define KEEP_VERSION 1
+#define KEEP_HEADER  32 /* magic 8, version 4, vocab 4, fingerprint 8, n 8 */
+
+static uint64_t fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static void put_le(unsigned char *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, int bytes)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+enum status spec_corpus_file_write(const char *path, int32_t vocab, uint64_t fingerprint, const int32_t *ids,
+                                   int64_t n)
+{
+    const size_t size = KEEP_HEADER + 4 * (size_t)n + 8;
+    unsigned char *b = malloc(size);
+    if (!b) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of host memory for %lld ids", path, (long long)n);
+    memcpy(b, KEEP_MAGIC, 8);
+    put_le(b + 8, KEEP_VERSION, 4);
+    put_le(b + 12, (uint32_t)vocab, 4);
+    put_le(b + 16, fingerprint, 8);
+    put_le(b + 24, (uint64_t)n, 8);
+    for (int64_t i = 0; i < n; i++) put_le(b + KEEP_HEADER + 4 * i, (uint32_t)ids[i], 4);
+    put_le(b + KEEP_HEADER + 4 * (size_t)n, fnv1a(b + KEEP_HEADER, 4 * (size_t)n), 8);
+    enum status st = base_write_file(path, b, size);
+    free(b);
+    return st;
+}
+
+enum status spec_corpus_file_read(const char *path, int32_t vocab, uint64_t fingerprint, int32_t **ids, int64_t *n)
+{
+    *ids = NULL, *n = 0;
+    struct stat sb;
+    if (stat(path, &sb) != 0 && errno == ENOENT) return STATUS_OK; /* nothing kept yet */
+    char *text = NULL;
+    size_t len = 0;
+    enum status st = base_read_file(path, (size_t)KEEP_HEADER + 4 * (size_t)SPEC_LEARN_MAX * 2 + 8, "kept corpus",
+                                    &text, &len);
+    if (st != STATUS_OK) return st;
+    const unsigned char *b = (const unsigned char *)text;
+    if (len < 8 || memcmp(b, KEEP_MAGIC, 8) != 0) {
+        free(text);
+        return status_errorf(STATUS_FAILED_PRECONDITION, "%s is there and is not a kept speculative corpus (no %s "
+                             "header): it is left as it is; name another file", path, KEEP_MAGIC);
+    }
+    const uint64_t version = len >= KEEP_HEADER ? get_le(b + 8, 4) : 0, count = len >= KEEP_HEADER ? get_le(b + 24, 8) : 0;
+    if (len < KEEP_HEADER || version != KEEP_VERSION || count > (uint64_t)SPEC_LEARN_MAX * 2 ||
+        len != KEEP_HEADER + 4 * count + 8)
+        st = status_errorf(STATUS_BAD_FORMAT, "%s: a kept speculative corpus cut short or of another version (%zu "
+                           "bytes, version %llu, %llu ids)", path, len, (unsigned long long)version,
+                           (unsigned long long)count);
+    else if ((int32_t)get_le(b + 12, 4) != vocab || get_le(b + 16, 8) != fingerprint)
+        st = status_errorf(STATUS_FAILED_PRECONDITION, "%s was kept by a model with another tokenizer (vocabulary "
+                           "%d, fingerprint %016llx; this one %d, %016llx): its drafts would not fit; remove it or "
+                           "name another file", path, (int32_t)get_le(b + 12, 4),
+                           (unsigned long long)get_le(b + 16, 8), vocab, (unsigned long long)fingerprint);
+    else if (fnv1a(b + KEEP_HEADER, 4 * count) != get_le(b + KEEP_HEADER + 4 * count, 8))
+        st = status_errorf(STATUS_BAD_FORMAT, "%s: the kept ids do not match their checksum (the file was altered)",
+                           path);
+    int32_t *out = st == STATUS_OK && count ? malloc(count * sizeof *out) : NULL;
+    if (st == STATUS_OK && count && !out)
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of host memory", path);
+    for (uint64_t i = 0; st == STATUS_OK && i < count; i++) {
+        out[i] = (int32_t)get_le(b + KEEP_HEADER + 4 * i, 4);
+        if (out[i] < -1 || out[i] >= vocab || (i + 1 == count && out[i] != -1))
+            st = status_errorf(STATUS_BAD_FORMAT, "%s: id %d at %llu is not a token or a text's end", path, out[i],
+                               (unsigned long long)i);
+    }
+    free(text);
+    if (st != STATUS_OK) {
+        free(out);
+        return st;
+    }
+    *ids = out, *n = (int64_t)count;
+    return STATUS_OK;
 }

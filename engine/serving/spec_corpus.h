@@ -51,6 +51,23 @@ int64_t spec_corpus_ids(const struct spec_corpus *c);    /* every id, the -1s co
 int64_t spec_corpus_tokens(const struct spec_corpus *c); /* ids indexed, the -1s not counted */
 int64_t spec_corpus_texts(const struct spec_corpus *c);
 
+/* c's ids from position from on (a text's start: 0, or just after a -1) to the end: *n of them at
+ * *ids, c's own memory, valid until c changes. */
+const int32_t *spec_corpus_id_data(const struct spec_corpus *c, int64_t from, int64_t *n);
+
+/* A kept corpus (`serve --spec-corpus-keep FILE`, docs/speculative.md "A learned corpus kept
+ * across restarts"): texts as spec_corpus_new takes them, in a file of this layout (little-endian):
+ *   "SHLMSPC1"  u32 version (1)  i32 vocab  u64 tokenizer fingerprint  u64 n
+ *   i32 ids[n]  u64 FNV-1a 64 of the ids' bytes
+ * spec_corpus_file_write writes PATH.tmp and renames it over PATH (base_write_file). A file that is
+ * there but is no such file (another magic: a file of the user's, never overwritten) is refused
+ * (STATUS_FAILED_PRECONDITION), as one for another vocabulary or tokenizer, a cut or altered one
+ * (STATUS_DATA_LOSS). spec_corpus_file_read: *ids (malloc'd) and *n; *ids NULL and *n 0 when PATH
+ * is not there. */
+enum status spec_corpus_file_read(const char *path, int32_t vocab, uint64_t fingerprint, int32_t **ids, int64_t *n);
+enum status spec_corpus_file_write(const char *path, int32_t vocab, uint64_t fingerprint, const int32_t *ids,
+                                   int64_t n);
+
 /* The drafts for the context ctx[0..n_ctx) by the rule above (n_min >= 1, p_min in [0, 1]), at
  * most max (<= SPEC_CORPUS_SPAN - SPEC_CORPUS_MAX_MATCH) of them into out; their count, 0 when
  * none. *matched (may be NULL) gets n*, 0 when no match. Reads only: safe from several threads. */

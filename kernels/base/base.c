@@ -13,10 +13,14 @@ static _Thread_local char status_msg[1024];
 
 enum status status_errorf(enum status s, const char *fmt, ...)
 {
+    /* Formatted apart first: callers wrap the last message, status_errorf(st, "FILE: %s",
+     * status_message()), and vsnprintf's source and destination must not overlap. */
+    char msg[sizeof status_msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(status_msg, sizeof status_msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(status_msg, msg, sizeof msg);
     return s;
 }
 

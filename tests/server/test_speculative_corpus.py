@@ -9,7 +9,10 @@ fails if the corpus never drafted). A learning server (--spec-corpus-learn N, no
 empty corpus, grows by its served answers (GetServerStats spec_corpus_tokens = /metrics'
 shardlm_spec_corpus_tokens), drafts a repeated prompt's answer from its first answer (most of the
 second answer's tokens accepted from the corpus), keeps greedy and seeded output unchanged; a small N
-holds the learned part within N while the given file's texts stay. Refusals at start-up name the
+holds the learned part within N while the given file's texts stay. With --spec-corpus-keep FILE the
+learned texts survive a restart (the repeated prompt drafted from the kept answer); a file of the
+user's, an altered one, another tokenizer's, one cut short, --dp 2 and the flag without learning are
+refused by name, the file left as it was. Refusals at start-up name the
 flag: --spec-corpus without speculation, --spec-corpus-min 0, --spec-corpus-p-min 0, a malformed
 line (file and line named), a file with no model turn, --spec-corpus-learn without speculation or
 with a bad count.
@@ -24,6 +27,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -170,6 +174,78 @@ def learn(a, tmp):
           f"({st4.spec_corpus_tokens} after 16 answers of up to 128 tokens; answers identical: {seq2 == seq0})")
 
 
+def keep(a, tmp):
+    """--spec-corpus-keep FILE: what the corpus learned survives a restart; a file it must not use is
+    refused by name and left as it was."""
+    kept = tmp / "kept.corpus"
+    learn_args = ["--speculative", "ngram", "--spec-draft", "4", "--spec-corpus-learn", "1000000"]
+    prompt = "Sue and Tim looked at the moon"
+    with TS.Server(a.shardlm, Path(a.model), *learn_args, "--spec-corpus-keep", str(kept), name="keep-1") as srv:
+        with srv.client(timeout=60) as c:
+            st0 = c.server_stats()
+            first = c.generate(prompt, max_tokens=80, temperature=0)
+    n1 = first.completion_tokens
+    size1 = kept.stat().st_size if kept.exists() else 0
+    check(st0.spec_corpus_tokens == 0 and size1 >= 32 + 4 * n1 + 8,
+          f"keep: a first server starts empty and keeps its answer at shutdown ({kept.name}: {size1} bytes for "
+          f"{n1} tokens)")
+    with TS.Server(a.shardlm, Path(a.model), *learn_args, "--spec-corpus-keep", str(kept), name="keep-2") as srv:
+        with srv.client(timeout=60) as c:
+            st2 = c.server_stats()
+            second = c.generate(prompt, max_tokens=80, temperature=0)
+            st3 = c.server_stats()
+    got = st3.spec_corpus_accepted_tokens - st2.spec_corpus_accepted_tokens
+    check(n1 <= st2.spec_corpus_tokens <= n1 + 5 and second.text == first.text and got >= n1 // 2,
+          f"keep: after a restart the corpus holds the kept answer ({st2.spec_corpus_tokens} tokens) and the "
+          f"repeated prompt is drafted from it ({got} of {second.completion_tokens} tokens accepted from the "
+          f"corpus, the same text: {second.text == first.text})")
+    size2 = kept.stat().st_size
+    check(size2 > size1, f"keep: the second server's answer joins the file ({size1} -> {size2} bytes)")
+    good = kept.read_bytes()
+
+    def refused(data, name, want, what, extra=()):
+        f = tmp / name
+        f.write_bytes(data)
+        refuse(a, [*learn_args, "--spec-corpus-keep", str(f), *extra], ["--spec-corpus-keep", name, *want], what)
+        check(f.read_bytes() == data, f"{what}: the file is left as it was")
+
+    refused(b"my notes, not a corpus\n" * 4, "notes.txt", ["not a kept speculative corpus"], "keep: a file of the user's")
+    altered = bytearray(good)
+    altered[40] ^= 1
+    refused(bytes(altered), "altered.corpus", ["checksum"], "keep: an altered file")
+    other = bytearray(good)
+    other[16] ^= 1  # the tokenizer's fingerprint
+    refused(bytes(other), "other.corpus", ["another tokenizer"], "keep: a file kept by another tokenizer")
+    refused(good[:-3], "cut.corpus", ["cut short"], "keep: a file cut short")
+    refuse(a, [*learn_args, "--spec-corpus-keep", str(kept), "--dp", "2"], ["--spec-corpus-keep", "one replica", "--dp"],
+           "keep: --dp 2")
+    refuse(a, ["--speculative", "ngram", "--spec-corpus-keep", str(kept)], ["--spec-corpus-keep", "--spec-corpus-learn"],
+           "keep: --spec-corpus-keep without --spec-corpus-learn")
+    # --sleep-idle-seconds: an unload keeps the file, the next request's load reads it back.
+    slept = tmp / "slept.corpus"
+    with TS.Server(a.shardlm, Path(a.model), *learn_args, "--spec-corpus-keep", str(slept), "--sleep-idle-seconds", "1",
+                   name="keep-sleep") as srv:
+        with srv.client(timeout=60) as c:
+            c.generate(prompt, max_tokens=80, temperature=0)
+            for _ in range(100):  # the unload comes after a second idle
+                if slept.exists():
+                    break
+                time.sleep(0.1)
+            written = slept.exists()
+            again = c.generate(prompt, max_tokens=80, temperature=0)
+            st5 = c.server_stats()
+    check(written and again.text == first.text and st5.spec_corpus_accepted_tokens >= n1 // 2,
+          f"keep: an idle unload writes the file ({written}) and the reload drafts from it "
+          f"({st5.spec_corpus_accepted_tokens} tokens accepted from the corpus)")
+    # A smaller bound at the next start: the oldest kept texts are forgotten, the newest stay.
+    with TS.Server(a.shardlm, Path(a.model), "--speculative", "ngram", "--spec-draft", "4", "--spec-corpus-learn",
+                   str(n1 + 20), "--spec-corpus-keep", str(kept), name="keep-3") as srv:
+        with srv.client(timeout=60) as c:
+            st4 = c.server_stats()
+    check(0 < st4.spec_corpus_tokens <= n1 + 20,
+          f"keep: --spec-corpus-learn {n1 + 20} keeps the newest of the kept texts ({st4.spec_corpus_tokens} tokens)")
+
+
 def refuse(a, args, want, what):
     p = subprocess.run([a.shardlm, "serve", "--model", a.model, *args, "--listen", "127.0.0.1:0", "--threads", "1"],
                        capture_output=True, text=True, timeout=120)
@@ -220,6 +296,7 @@ def main():
             refusals(a, tmp)
             compare(a, a.model, "stories260K", False, tmp)
             learn(a, tmp)
+            keep(a, tmp)
             if a.gguf and os.path.exists(a.gguf):
                 # SmolLM2's blocks depend on a step's rows (test_speculative.py compare): one at a time
                 compare(a, a.gguf, "smollm2", True, tmp, batch=False, max_tokens=40)
