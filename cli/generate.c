@@ -20,6 +20,7 @@
 #include "model.h"
 #include "ops.h"
 #include "parallel.h"
+#include "spec_corpus.h"
 #include "tokenizer.h"
 
 struct stream_ctx {
@@ -54,6 +55,8 @@ struct generate_flags {
     int eagle; /* --speculative eagle: draft_model is an EAGLE head */
     long spec_draft, spec_ngram, spec_ngram_min;
     float spec_p_min; /* -1: not given */
+    long spec_corpus_learn;         /* --spec-corpus-learn N, with --spec-corpus-keep FILE: */
+    const char *spec_corpus_keep;   /* runs learn from each other's answers (docs/speculative.md) */
     struct generate_options o; /* sampling (temperature 0 unless given), max_tokens, ignore_eos */
 };
 
@@ -96,6 +99,8 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         else if (!strcmp(a, "--top-p")) { if (base_parse_float(v, &o->sampling.top_p)) return cli_usage("--top-p must be a number, got '%s'", v); }
         else if (!strcmp(a, "--min-p")) { if (base_parse_float(v, &o->sampling.min_p)) return cli_usage("--min-p must be a number, got '%s'", v); }
         else if (!strcmp(a, "--top-k")) { long k; if (base_parse_long(v, 0, INT_MAX, &k)) return cli_usage("--top-k must be a non-negative integer, got '%s'", v); o->sampling.top_k = (int)k; }
+        else if (!strcmp(a, "--spec-corpus-learn")) { if (base_parse_long(v, 1, SPEC_LEARN_MAX, &f->spec_corpus_learn)) return cli_usage("--spec-corpus-learn must be a count of tokens in [1, 268435456], got '%s'", v); }
+        else if (!strcmp(a, "--spec-corpus-keep")) f->spec_corpus_keep = v;
         else if (!strcmp(a, "--ep")) { if (base_parse_long(v, 1, 64, &f->ep)) return cli_usage("--ep must be an integer in [1, 64], got '%s'", v); }
         else return cli_usage("generate: unknown option '%s'", a);
         i += takes;
@@ -120,6 +125,12 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
     if (f->token_map && f->spec_mode != 2) return cli_usage("generate: --spec-token-map needs --draft-model PATH%s", "");
     if (f->spec_p_min >= 0.0f && f->spec_mode != 2)
         return cli_usage("generate: --spec-p-min needs --draft-model PATH (prompt lookup's drafts have no probability)%s", "");
+    if ((f->spec_corpus_learn || f->spec_corpus_keep) && !f->spec_mode)
+        return cli_usage("generate: --spec-corpus-learn and --spec-corpus-keep need speculation on (--speculative ngram, "
+                         "or a --draft-model)%s", "");
+    if (!f->spec_corpus_learn != !f->spec_corpus_keep)
+        return cli_usage("generate: --spec-corpus-learn N and --spec-corpus-keep FILE go together (one run learns only "
+                         "for the runs after it, through the file)%s", "");
     if (f->spec_draft && !f->spec_mode) return cli_usage("generate: --spec-draft needs --speculative ngram or draft%s", "");
     o->sampling.seed = (uint64_t)f->seed;
     o->max_tokens = (int)f->max_tokens;
@@ -248,6 +259,8 @@ static int generate_speculative(const struct generate_flags *f)
     o.draft_eagle = f->eagle;
     o.spec_lookup_first = f->spec_mode == 2 && f->spec_ngram;
     o.spec_p_min = f->spec_p_min > 0.0f ? f->spec_p_min : 0.0f;
+    o.spec_corpus_learn = f->spec_corpus_learn;
+    o.spec_corpus_keep = f->spec_corpus_keep;
     o.pp_layers = f->pp_layers;
     struct parallel_world *world = NULL;
     const long tp = f->ep > 1 ? f->ep * f->tp : f->tp; /* as generate_setup */
@@ -306,17 +319,21 @@ static int generate_speculative(const struct generate_flags *f)
     engine_get_stats(e, &es);
     /* The figures of plain generate: prefill until the first token, decode after it. */
     const double prefill_s = x.t_first > 0.0 ? x.t_first - t0 : t_end - t0, decode_s = t_end - x.t_first;
-    char threads[24] = "all";
+    char threads[24] = "all", corpus[160] = "";
+    if (f->spec_corpus_keep)
+        snprintf(corpus, sizeof corpus, " (the kept corpus: %llu tokens; %llu of its drafts verified, %llu accepted)",
+                 (unsigned long long)es.spec_corpus_tokens, (unsigned long long)es.spec_corpus_drafted,
+                 (unsigned long long)es.spec_corpus_accepted);
     if (o.n_threads > 0) snprintf(threads, sizeof threads, "%d", o.n_threads);
     fprintf(stderr, "shardlm: prompt %d tokens, prefill %.1f tok/s; generated %d tokens, decode %.1f tok/s "
-            "(speculative %s, %s threads, tp %ld, pp %ld); %llu drafts verified, %llu accepted\n", n_ids,
+            "(speculative %s, %s threads, tp %ld, pp %ld); %llu drafts verified, %llu accepted%s\n", n_ids,
             prefill_s > 0 ? n_ids / prefill_s : 0.0, x.n_generated,
             x.t_first > 0.0 && x.n_generated > 1 && decode_s > 0 ? (x.n_generated - 1) / decode_s : 0.0,
             f->spec_mode == 2 ? (f->eagle ? (f->spec_ngram ? "ngram + eagle" : "eagle")
                                           : (f->spec_ngram ? "ngram + draft" : "draft"))
                               : "ngram",
             threads, f->tp, f->pp,
-            (unsigned long long)es.spec_drafted, (unsigned long long)es.spec_accepted);
+            (unsigned long long)es.spec_drafted, (unsigned long long)es.spec_accepted, corpus);
     rc = 0;
 done:
     if (st != STATUS_OK) rc = cli_fail(st);

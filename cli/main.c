@@ -54,7 +54,7 @@ static void print_help(FILE *f)
             "                   [--pp-layers N1,N2,...] [--speculative ngram [--spec-ngram N] [--spec-ngram-min M] |\n"
             "                   --speculative draft|eagle --draft-model PATH [--spec-token-map FILE] [--spec-ngram N]\n"
             "                   [--spec-p-min P]]\n"
-            "                   [--spec-draft K]\n"
+            "                   [--spec-draft K] [--spec-corpus-learn N --spec-corpus-keep FILE]\n"
             "                   (docs/speculative.md)\n"
             "  shardlm convert llama2c --checkpoint FILE.bin --tokenizer FILE.model --out DIR\n"
             "  shardlm convert gguf --gguf FILE.gguf --out DIR [--dtype f32|bf16|f16] [--keep-blocks]\n"

@@ -633,8 +633,6 @@ static void *conductor_main(void *arg)
 enum status conductor_start(struct conductor *c)
 {
     if (c->thread_running) return STATUS_OK;
-    enum status st = c->corpus_kept ? STATUS_OK : spec_keep_load(c);
-    if (st != STATUS_OK) return st;
     if (pthread_create(&c->thread, NULL, conductor_main, c) != 0)
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: cannot start the engine thread");
     c->thread_running = 1;

@@ -171,9 +171,9 @@ void        speculate(struct conductor *c);
 void        spec_learn(struct conductor *c, const struct seq *s, enum finish_reason why);
 void        take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_ver);
 /* engine_options.spec_corpus_keep: the learned texts kept in the file are read into the corpus
- * before the engine thread starts (conductor_start), and the corpus's learned texts written back
- * once it has stopped (conductor_free; only when the start read the file, so that a file refused
- * there is never overwritten). */
+ * when the engine is made (conductor_create; a corpus given later goes before them), and the
+ * corpus's learned texts written back once it has stopped (conductor_free; only when the file was
+ * read, so that a file refused there is never overwritten). */
 enum status spec_keep_load(struct conductor *c);
 void        spec_keep_save(struct conductor *c);
 

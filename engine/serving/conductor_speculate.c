@@ -408,10 +408,13 @@ enum status conductor_set_spec_corpus(struct conductor *c, const int32_t *ids, i
                                  ids[i], (long long)i, V);
     struct spec_corpus *corpus = NULL;
     enum status st = spec_corpus_new(ids, n, &corpus);
+    int64_t n_kept = 0; /* texts read from --spec-corpus-keep's file (conductor_create) go after the given */
+    const int32_t *kept = c->corpus ? spec_corpus_id_data(c->corpus, c->corpus_given, &n_kept) : NULL;
+    if (st == STATUS_OK && n_kept && (st = spec_corpus_append(corpus, kept, n_kept)) != STATUS_OK) spec_corpus_free(corpus);
     if (st != STATUS_OK) return st;
     spec_corpus_free(c->corpus);
     c->corpus = corpus;
-    c->corpus_given = spec_corpus_ids(corpus);
+    c->corpus_given = spec_corpus_ids(corpus) - n_kept;
     c->stats.spec_corpus_tokens = (uint64_t)spec_corpus_tokens(corpus);
     return STATUS_OK;
 }

@@ -126,7 +126,7 @@ struct engine_options {
      * at most SPEC_LEARN_MAX. Each replica learns from its own answers. */
     int64_t spec_corpus_learn;
     /* The learned texts kept across restarts in this file (`serve --spec-corpus-keep FILE`;
-     * spec_corpus.h for its layout): read into the corpus at engine_start when the file is
+     * spec_corpus.h for its layout): read into the corpus by engine_create when the file is
      * there (a file of another kind, another tokenizer's, or altered is refused by name and left
      * as it is), written back (PATH.tmp renamed over it) when the engine is freed, not in
      * between: a crash loses what was learned since the start. Needs spec_corpus_learn; one

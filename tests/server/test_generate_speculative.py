@@ -11,7 +11,10 @@ counts on stderr must show drafts verified (and for the 2-layer draft some rejec
 0.9 with the model as its own draft verifies fewer drafts, same text. Refusals:
 --speculative draft without --draft-model, --draft-model with --speculative ngram, --spec-p-min
 without a draft or above 1, --spec-ngram-min without prompt lookup or above --spec-ngram are usage
-errors (exit 2) naming the flags; a draft of another vocabulary fails naming both sizes; serve
+errors (exit 2) naming the flags; a draft of another vocabulary fails naming both sizes. With
+--spec-corpus-learn N --spec-corpus-keep FILE the runs learn from each other (the second run's
+answer drafted from the first's, kept in FILE; a tp 2 run under mpirun too), stdout unchanged, a
+file of the user's refused and left as it was; serve
 refuses --speculative draft without --draft-model and the --spec-ngram-min cases too.
 
   test_generate_speculative.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K [--other-vocab GGUF]
@@ -99,6 +102,33 @@ def main():
     check(rc == 0 and out == gen(a, PROMPTS[0])[1] and sure is not None and every and 0 < sure[0] < every[0],
           f"--spec-p-min 0.9, the model itself as draft: stdout equal to plain generate, drafts verified / accepted "
           f"{sure} against {every} without it (fewer: the positions where the draft is unsure are not drafted)")
+    # --spec-corpus-learn N --spec-corpus-keep FILE: a run learns from the runs before it through the file
+    # (with a tp 2 run under mpirun when there is one: the first rank reads and writes it).
+    kept = tmp / "kept.corpus"
+    learn = ["--speculative", "ngram", "--spec-corpus-learn", "100000", "--spec-corpus-keep", str(kept)]
+    runs = [gen(a, PROMPTS[2], *learn) for _ in range(2)]
+    if shutil.which("mpirun"):
+        runs.append(gen(a, PROMPTS[2], *learn, "--tp", "2", launcher=MPI))
+    plain = gen(a, PROMPTS[2])[1]
+    corpus = [re.search(r"the kept corpus: (\d+) tokens; (\d+) of its drafts verified, (\d+) accepted", r[3]) for r in runs]
+    stats = [tuple(int(x) for x in m.groups()) if m else None for m in corpus]
+    check(all(r[0] == 0 and r[1] == plain for r in runs) and all(stats) and stats[0][0] == 0 and stats[0][1] == 0,
+          f"--spec-corpus-keep: every run's stdout equals plain generate, the first starts with an empty corpus ({stats})")
+    check(len(stats) > 1 and stats[1] and stats[1][0] > 20 and stats[1][2] > 20 and
+          all(s and s[0] == i * stats[1][0] and s[2] > 20 for i, s in enumerate(stats[2:], 2)) and kept.exists(),
+          f"--spec-corpus-keep: the next runs draft the answer from the kept file (one answer more each run), "
+          f"most of it accepted (tokens, drafted, accepted: {stats[1:]})")
+    for extra, want in ((["--speculative", "ngram", "--spec-corpus-learn", "100"], "go together"),
+                        (["--spec-corpus-learn", "100", "--spec-corpus-keep", str(kept)], "need speculation on"),
+                        (["--speculative", "ngram", "--spec-corpus-learn", "0", "--spec-corpus-keep", str(kept)],
+                         "--spec-corpus-learn must be a count")):
+        rc, _, _, err = gen(a, "x", *extra)
+        check(rc == 2 and want in err, f"generate {' '.join(extra)}: usage error (rc {rc}) naming it: {want!r}")
+    notes = tmp / "notes.txt"
+    notes.write_text("not a corpus\n")
+    rc, _, _, err = gen(a, "x", "--speculative", "ngram", "--spec-corpus-learn", "100", "--spec-corpus-keep", str(notes))
+    check(rc != 0 and "not a kept speculative corpus" in err and notes.read_text() == "not a corpus\n",
+          f"generate --spec-corpus-keep on a file of the user's: refused (rc {rc}), the file left as it was")
     for extra, want in ((["--speculative", "draft"], "--speculative draft needs --draft-model"),
                         (["--speculative", "ngram", "--draft-model", a.model], "--draft-model cannot be combined"),
                         (["--speculative", "eagle"], "--speculative eagle needs --draft-model"),
