@@ -158,7 +158,7 @@ static int usage(const char *fmt, const char *arg)
                     "                 --spec-corpus FILE or alone), the oldest learned forgotten beyond N tokens\n"
                     "                 (1000000: 8 MB); what one client's answers taught speeds others' requests\n"
                     "  --spec-corpus-keep FILE  beside --spec-corpus-learn: the learned texts are read from FILE at\n"
-                    "                 start (when it is there) and written back at shutdown (not on a crash)\n"
+                    "                 start (when it is there) and written back at shutdown and once a minute\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
                     "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n"
                     "  --lora NAME=DIR          serve the PEFT adapter in DIR unmerged as NAME; a request picks it by\n"

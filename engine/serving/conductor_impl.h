@@ -65,6 +65,9 @@ struct conductor {
     int32_t *learn;              /* (learn_cap) finished outputs not yet in corpus (spec_corpus_learn) */
     int64_t  n_learn, learn_cap;
     int      corpus_kept;        /* spec_corpus_keep's file was read (or absent) at start: write it back at the end */
+    double   keep_written_s;     /* when it was last written (base_now_s); keep_every_s apart at least while serving */
+    double   keep_every_s;       /* SPEC_KEEP_EVERY_S (SHARDLM_TEST_SPEC_KEEP_EVERY_S) */
+    uint64_t keep_fingerprint;   /* the tokenizer's, as the file holds it */
     float   *spec_q, *spec_p;
     float   *eagle_hidden;       /* EAGLE: the step's hidden states, (max_batch_tokens, d_model): on the
                                     first rank, and at pp > 1 on the last stage's first tp rank */
@@ -172,8 +175,9 @@ void        spec_learn(struct conductor *c, const struct seq *s, enum finish_rea
 void        take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_ver);
 /* engine_options.spec_corpus_keep: the learned texts kept in the file are read into the corpus
  * when the engine is made (conductor_create; a corpus given later goes before them), and the
- * corpus's learned texts written back once it has stopped (conductor_free; only when the file was
- * read, so that a file refused there is never overwritten). */
+ * corpus's learned texts written back while serving (learn_flush: at most every keep_every_s,
+ * on the engine thread) and once it has stopped (conductor_free); only when the file was read,
+ * so that a file refused there is never overwritten. */
 enum status spec_keep_load(struct conductor *c);
 void        spec_keep_save(struct conductor *c);
 

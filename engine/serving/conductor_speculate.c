@@ -248,7 +248,8 @@ void spec_learn(struct conductor *c, const struct seq *s, enum finish_reason why
  * the O(N) cut comes once in a while; none for a kept file read at start). On an error (memory)
  * the outputs are dropped and the corpus stays as it was. learn_flush calls it at every step
  * where at most one sequence runs (so a lone client's next request drafts from its last answer),
- * else once SPEC_LEARN_BATCH ids wait. */
+ * else once SPEC_LEARN_BATCH ids wait, and then writes a kept corpus's file when the last write
+ * is keep_every_s old (a crash loses at most that much of what was learned). */
 #define SPEC_LEARN_BATCH 4096
 static void learn_join(struct conductor *c, int64_t slack)
 {
@@ -267,6 +268,7 @@ static void learn_flush(struct conductor *c)
 {
     if (!c->n_learn || (c->sched.n_running > 1 && c->n_learn < SPEC_LEARN_BATCH)) return;
     learn_join(c, c->o.spec_corpus_learn / 4);
+    if (c->corpus_kept && base_now_s() - c->keep_written_s >= c->keep_every_s) spec_keep_save(c);
 }
 
 /* What a kept corpus is bound to: the vocabulary's size and an FNV-1a 64 over every token's
@@ -288,7 +290,8 @@ enum status spec_keep_load(struct conductor *c)
     if (!path || !conductor_is_first_rank(c)) return STATUS_OK;
     int32_t *ids = NULL;
     int64_t n = 0;
-    enum status st = spec_corpus_file_read(path, c->m->cfg.vocab_size, tokenizer_fingerprint(c->tok), &ids, &n);
+    c->keep_fingerprint = tokenizer_fingerprint(c->tok);
+    enum status st = spec_corpus_file_read(path, c->m->cfg.vocab_size, c->keep_fingerprint, &ids, &n);
     if (st != STATUS_OK) return status_errorf(st, "--spec-corpus-keep: %s", status_message());
     if (n) { /* before the engine starts nothing waits to be learned: the kept texts take the buffer */
         free(c->learn);
@@ -298,6 +301,9 @@ enum status spec_keep_load(struct conductor *c)
     }
     free(ids);
     c->corpus_kept = 1;
+    const char *every = getenv("SHARDLM_TEST_SPEC_KEEP_EVERY_S"); /* tests: a write at every join */
+    c->keep_every_s = every ? atof(every) : SPEC_KEEP_EVERY_S;
+    c->keep_written_s = base_now_s();
     LOG_INFO("engine", "speculative corpus: %lld tokens, those kept in %s included",
              (long long)(c->corpus ? spec_corpus_tokens(c->corpus) : 0), path);
     return STATUS_OK;
@@ -306,13 +312,13 @@ enum status spec_keep_load(struct conductor *c)
 void spec_keep_save(struct conductor *c)
 {
     if (!c->corpus_kept) return;
+    c->keep_written_s = base_now_s();
     if (c->n_learn) learn_join(c, c->o.spec_corpus_learn / 4);
     int64_t n = 0;
     const int32_t *ids = c->corpus ? spec_corpus_id_data(c->corpus, c->corpus_given, &n) : NULL;
-    enum status st = spec_corpus_file_write(c->o.spec_corpus_keep, c->m->cfg.vocab_size, tokenizer_fingerprint(c->tok),
-                                            ids, n);
+    enum status st = spec_corpus_file_write(c->o.spec_corpus_keep, c->m->cfg.vocab_size, c->keep_fingerprint, ids, n);
     if (st != STATUS_OK) LOG_WARN("engine", "--spec-corpus-keep: the learned corpus was not kept: %s", status_message());
-    else LOG_INFO("engine", "speculative corpus: %lld learned ids kept in %s", (long long)n, c->o.spec_corpus_keep);
+    else LOG_DEBUG("engine", "speculative corpus: %lld learned ids kept in %s", (long long)n, c->o.spec_corpus_keep);
 }
 
 /* Before planning: the answers a learning corpus kept join it (learn_flush); every sequence's

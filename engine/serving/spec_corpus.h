@@ -29,6 +29,7 @@
 #define SPEC_CORPUS_FIRST_MATCH 24 /* a match this long drafts before prompt lookup (conductor_speculate.c) */
 #define SPEC_LEARN_LEAD  4          /* prompt tokens a learned answer keeps before it */
 #define SPEC_LEARN_MAX   (1 << 28)  /* engine_options.spec_corpus_learn's bound (ids) */
+#define SPEC_KEEP_EVERY_S 60.0      /* a kept corpus is written at most this often while serving */
 
 struct spec_corpus;
 

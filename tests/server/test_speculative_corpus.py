@@ -10,7 +10,8 @@ empty corpus, grows by its served answers (GetServerStats spec_corpus_tokens = /
 shardlm_spec_corpus_tokens), drafts a repeated prompt's answer from its first answer (most of the
 second answer's tokens accepted from the corpus), keeps greedy and seeded output unchanged; a small N
 holds the learned part within N while the given file's texts stay. With --spec-corpus-keep FILE the
-learned texts survive a restart (the repeated prompt drafted from the kept answer); a file of the
+learned texts survive a restart (the repeated prompt drafted from the kept answer), an idle unload
+and a SIGKILL (the file written while serving); a file of the
 user's, an altered one, another tokenizer's, one cut short, --dp 2 and the flag without learning are
 refused by name, the file left as it was. Refusals at start-up name the
 flag: --spec-corpus without speculation, --spec-corpus-min 0, --spec-corpus-p-min 0, a malformed
@@ -237,6 +238,28 @@ def keep(a, tmp):
     check(written and again.text == first.text and st5.spec_corpus_accepted_tokens >= n1 // 2,
           f"keep: an idle unload writes the file ({written}) and the reload drafts from it "
           f"({st5.spec_corpus_accepted_tokens} tokens accepted from the corpus)")
+    # A crash (SIGKILL) loses at most the last interval's answers: the file is written while serving
+    # (every minute; here at every join, SHARDLM_TEST_SPEC_KEEP_EVERY_S=0).
+    crashed = tmp / "crashed.corpus"
+    srv = TS.Server(a.shardlm, Path(a.model), *learn_args, "--spec-corpus-keep", str(crashed), name="keep-kill",
+                    env={**os.environ, "SHARDLM_TEST_SPEC_KEEP_EVERY_S": "0"})
+    try:
+        with srv.client(timeout=60) as c:
+            c.generate(prompt, max_tokens=80, temperature=0)
+            c.generate("The big red ball", max_tokens=8, temperature=0)  # its first step joins the first answer
+    finally:
+        srv.proc.kill()
+        srv.proc.wait(timeout=30)
+        srv.log.close()
+    with TS.Server(a.shardlm, Path(a.model), *learn_args, "--spec-corpus-keep", str(crashed), name="keep-after-kill") as srv:
+        with srv.client(timeout=60) as c:
+            st6 = c.server_stats()
+            after = c.generate(prompt, max_tokens=80, temperature=0)
+            st7 = c.server_stats()
+    got = st7.spec_corpus_accepted_tokens - st6.spec_corpus_accepted_tokens
+    check(st6.spec_corpus_tokens >= n1 and after.text == first.text and got >= n1 // 2,
+          f"keep: after a SIGKILL the file holds what was written while serving ({st6.spec_corpus_tokens} tokens; "
+          f"{got} accepted from the corpus for the repeated prompt)")
     # A smaller bound at the next start: the oldest kept texts are forgotten, the newest stay.
     with TS.Server(a.shardlm, Path(a.model), "--speculative", "ngram", "--spec-draft", "4", "--spec-corpus-learn",
                    str(n1 + 20), "--spec-corpus-keep", str(kept), name="keep-3") as srv:
