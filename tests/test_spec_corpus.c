@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "sampler.h"
@@ -286,6 +287,12 @@ int main(void)
             check(st == bad[i].want && !got && strstr(status_message(), bad[i].word) && strstr(status_message(), other),
                   bad[i].what, status_message());
         }
+        struct stat sb;
+        check(stat(path, &sb) == 0 && (sb.st_mode & 0777) == 0600, "the file is the user's alone (mode 0600)", NULL);
+        f = fopen(other, "wb"); /* a file a crash left empty before its sync: nothing to lose */
+        if (f) fclose(f);
+        check(spec_corpus_file_read(other, 10, 42, &got, &n_got) == STATUS_OK && !got && n_got == 0,
+              "an empty file is an empty kept corpus", status_message());
         const int32_t outside[] = {3, 12, -1};
         check(spec_corpus_file_write(other, 10, 42, outside, 3) == STATUS_OK &&
                   spec_corpus_file_read(other, 10, 42, &got, &n_got) == STATUS_BAD_FORMAT &&

@@ -68,6 +68,7 @@ struct conductor {
     double   keep_written_s;     /* when it was last written (base_now_s); keep_every_s apart at least while serving */
     double   keep_every_s;       /* SPEC_KEEP_EVERY_S (SHARDLM_TEST_SPEC_KEEP_EVERY_S) */
     uint64_t keep_fingerprint;   /* the tokenizer's, as the file holds it */
+    int      learn_failed;       /* an answer could not join the corpus (said once in the log) */
     float   *spec_q, *spec_p;
     float   *eagle_hidden;       /* EAGLE: the step's hidden states, (max_batch_tokens, d_model): on the
                                     first rank, and at pp > 1 on the last stage's first tp rank */

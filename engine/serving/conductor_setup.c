@@ -188,9 +188,11 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->stats.kv_blocks_total = c->cache.n_blocks;
     c->stats.kv_blocks_free = c->cache.n_blocks; /* true before the first step too */
     c->stats.block_tokens = bt;
-    st = spec_keep_load(c); /* --spec-corpus-keep: the first rank reads the file, every rank agrees */
-    if (c->par.world) st = parallel_agree(c->par.world, st);
-    if (st != STATUS_OK) goto fail;
+    if (o->spec_corpus_keep) { /* the first rank reads the file, every rank agrees */
+        st = spec_keep_load(c);
+        if (c->par.world) st = parallel_agree(c->par.world, st);
+        if (st != STATUS_OK) goto fail;
+    }
     verify_init(c);
     /* Only the first rank times out: workers legitimately wait for the next plan forever. Every
      * rank beats (parallel_watch_start), so that the timeout names the rank that stopped. */

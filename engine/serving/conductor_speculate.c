@@ -251,24 +251,28 @@ void spec_learn(struct conductor *c, const struct seq *s, enum finish_reason why
  * else once SPEC_LEARN_BATCH ids wait, and then writes a kept corpus's file when the last write
  * is keep_every_s old (a crash loses at most that much of what was learned). */
 #define SPEC_LEARN_BATCH 4096
-static void learn_join(struct conductor *c, int64_t slack)
+static enum status learn_join(struct conductor *c, int64_t slack)
 {
     enum status st = c->corpus ? spec_corpus_append(c->corpus, c->learn, c->n_learn)
                                : spec_corpus_new(c->learn, c->n_learn, &c->corpus);
     c->n_learn = 0;
-    if (st != STATUS_OK) return;
+    if (st != STATUS_OK) {
+        if (!c->learn_failed) LOG_WARN("engine", "speculative corpus: answers not learned: %s", status_message());
+        c->learn_failed = 1; /* said once */
+        return st;
+    }
     const int64_t learned = spec_corpus_ids(c->corpus) - c->corpus_given, cap = c->o.spec_corpus_learn;
     if (learned > cap) spec_corpus_forget(c->corpus, c->corpus_given, learned - cap + slack);
     pthread_mutex_lock(&c->mu);
     c->stats.spec_corpus_tokens = (uint64_t)spec_corpus_tokens(c->corpus);
     pthread_mutex_unlock(&c->mu);
+    return STATUS_OK;
 }
 
 static void learn_flush(struct conductor *c)
 {
     if (!c->n_learn || (c->sched.n_running > 1 && c->n_learn < SPEC_LEARN_BATCH)) return;
-    learn_join(c, c->o.spec_corpus_learn / 4);
-    if (c->corpus_kept && base_now_s() - c->keep_written_s >= c->keep_every_s) spec_keep_save(c);
+    if (learn_join(c, c->o.spec_corpus_learn / 4) == STATUS_OK && c->corpus_kept && base_now_s() - c->keep_written_s >= c->keep_every_s) spec_keep_save(c);
 }
 
 /* What a kept corpus is bound to: the vocabulary's size and an FNV-1a 64 over every token's
@@ -293,11 +297,20 @@ enum status spec_keep_load(struct conductor *c)
     c->keep_fingerprint = tokenizer_fingerprint(c->tok);
     enum status st = spec_corpus_file_read(path, c->m->cfg.vocab_size, c->keep_fingerprint, &ids, &n);
     if (st != STATUS_OK) return status_errorf(st, "--spec-corpus-keep: %s", status_message());
-    if (n) { /* before the engine starts nothing waits to be learned: the kept texts take the buffer */
+    /* The newest kept texts, up to spec_corpus_learn ids (dropped before the index is made); an
+     * error here (memory) fails the start, so that the file is not written back emptied. */
+    int64_t from = 0;
+    for (int64_t i = 0; n - from > c->o.spec_corpus_learn && i < n; i++)
+        if (ids[i] < 0) from = i + 1;
+    if (n - from > 0) { /* before the engine starts nothing waits to be learned: the kept texts take the buffer */
+        memmove(ids, ids + from, (size_t)(n - from) * sizeof *ids);
         free(c->learn);
-        c->learn = ids, c->n_learn = n, c->learn_cap = n;
+        c->learn = ids, c->n_learn = n - from, c->learn_cap = n - from;
         ids = NULL;
-        learn_join(c, 0); /* the newest kept texts, up to spec_corpus_learn ids */
+        st = learn_join(c, 0);
+        free(c->learn); /* the file's size, not kept for the engine's life */
+        c->learn = NULL, c->learn_cap = 0;
+        if (st != STATUS_OK) return status_errorf(st, "--spec-corpus-keep %s: %s", path, status_message());
     }
     free(ids);
     c->corpus_kept = 1;

@@ -439,7 +439,8 @@ enum status engine_run_worker(struct engine *e);
  * spec_corpus.h): texts back to back in ids[0..n), each ended by -1 (copied and indexed). Before
  * engine_start, with speculation on (spec_draft > 0), one replica (dp 1):
  * STATUS_FAILED_PRECONDITION or STATUS_UNSUPPORTED naming what is missing otherwise;
- * STATUS_INVALID_ARGUMENT for an id outside the vocabulary. A second call replaces the first. */
+ * STATUS_INVALID_ARGUMENT for an id outside the vocabulary. A second call replaces the first.
+ * Texts read from engine_options.spec_corpus_keep's file (at engine_create) stay, after these. */
 enum status engine_set_spec_corpus(struct engine *e, const int32_t *ids, int64_t n);
 
 /* Starts the engine thread, which steps while there is work and sleeps otherwise. */

@@ -60,11 +60,12 @@ const int32_t *spec_corpus_id_data(const struct spec_corpus *c, int64_t from, in
  * across restarts"): texts as spec_corpus_new takes them, in a file of this layout (little-endian):
  *   "SHLMSPC1"  u32 version (1)  i32 vocab  u64 tokenizer fingerprint  u64 n
  *   i32 ids[n]  u64 FNV-1a 64 of the ids' bytes
- * spec_corpus_file_write writes PATH.tmp and renames it over PATH (base_write_file). A file that is
- * there but is no such file (another magic: a file of the user's, never overwritten) is refused
- * (STATUS_FAILED_PRECONDITION), as one for another vocabulary or tokenizer, a cut or altered one
- * (STATUS_DATA_LOSS). spec_corpus_file_read: *ids (malloc'd) and *n; *ids NULL and *n 0 when PATH
- * is not there. */
+ * spec_corpus_file_write writes a temporary of its own beside PATH (mode 0600), syncs it and
+ * renames it over PATH. A file that is there but is no such file (another magic: a file of the
+ * user's, never overwritten) is refused (STATUS_FAILED_PRECONDITION), as one for another
+ * vocabulary or tokenizer; a cut, altered or other-version one is STATUS_BAD_FORMAT.
+ * spec_corpus_file_read: *ids (malloc'd) and *n; *ids NULL and *n 0 when PATH is not there or
+ * empty. */
 enum status spec_corpus_file_read(const char *path, int32_t vocab, uint64_t fingerprint, int32_t **ids, int64_t *n);
 enum status spec_corpus_file_write(const char *path, int32_t vocab, uint64_t fingerprint, const int32_t *ids,
                                    int64_t n);
