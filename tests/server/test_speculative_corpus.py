@@ -190,12 +190,17 @@ def keep(a, tmp):
     check(st0.spec_corpus_tokens == 0 and size1 >= 32 + 4 * n1 + 8,
           f"keep: a first server starts empty and keeps its answer at shutdown ({kept.name}: {size1} bytes for "
           f"{n1} tokens)")
-    with TS.Server(a.shardlm, Path(a.model), *learn_args, "--spec-corpus-keep", str(kept), name="keep-2") as srv:
-        with srv.client(timeout=60) as c:
-            st2 = c.server_stats()
-            second = c.generate(prompt, max_tokens=80, temperature=0)
-            st3 = c.server_stats()
-    got = st3.spec_corpus_accepted_tokens - st2.spec_corpus_accepted_tokens
+    def restarted(path, name):
+        """A server on path's kept corpus: its corpus at start, its answer to prompt, the tokens of that
+        answer accepted from the corpus."""
+        with TS.Server(a.shardlm, Path(a.model), *learn_args, "--spec-corpus-keep", str(path), name=name) as srv:
+            with srv.client(timeout=60) as c:
+                before = c.server_stats()
+                answer = c.generate(prompt, max_tokens=80, temperature=0)
+                after = c.server_stats()
+        return before, answer, after.spec_corpus_accepted_tokens - before.spec_corpus_accepted_tokens
+
+    st2, second, got = restarted(kept, "keep-2")
     check(n1 <= st2.spec_corpus_tokens <= n1 + 5 and second.text == first.text and got >= n1 // 2,
           f"keep: after a restart the corpus holds the kept answer ({st2.spec_corpus_tokens} tokens) and the "
           f"repeated prompt is drafted from it ({got} of {second.completion_tokens} tokens accepted from the "
@@ -251,12 +256,7 @@ def keep(a, tmp):
         srv.proc.kill()
         srv.proc.wait(timeout=30)
         srv.log.close()
-    with TS.Server(a.shardlm, Path(a.model), *learn_args, "--spec-corpus-keep", str(crashed), name="keep-after-kill") as srv:
-        with srv.client(timeout=60) as c:
-            st6 = c.server_stats()
-            after = c.generate(prompt, max_tokens=80, temperature=0)
-            st7 = c.server_stats()
-    got = st7.spec_corpus_accepted_tokens - st6.spec_corpus_accepted_tokens
+    st6, after, got = restarted(crashed, "keep-after-kill")
     check(st6.spec_corpus_tokens >= n1 and after.text == first.text and got >= n1 // 2,
           f"keep: after a SIGKILL the file holds what was written while serving ({st6.spec_corpus_tokens} tokens; "
           f"{got} accepted from the corpus for the repeated prompt)")
