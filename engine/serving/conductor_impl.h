@@ -180,6 +180,6 @@ void        take_drafted(struct conductor *c, struct seq *s, const float *rows, 
  * on the engine thread) and once it has stopped (conductor_free); only when the file was read,
  * so that a file refused there is never overwritten. */
 enum status spec_keep_load(struct conductor *c);
-void        spec_keep_save(struct conductor *c);
+void        spec_keep_save(struct conductor *c, int last); /* last: from conductor_free (logged) */
 
 #endif

@@ -272,7 +272,9 @@ static enum status learn_join(struct conductor *c, int64_t slack)
 static void learn_flush(struct conductor *c)
 {
     if (!c->n_learn || (c->sched.n_running > 1 && c->n_learn < SPEC_LEARN_BATCH)) return;
-    if (learn_join(c, c->o.spec_corpus_learn / 4) == STATUS_OK && c->corpus_kept && base_now_s() - c->keep_written_s >= c->keep_every_s) spec_keep_save(c);
+    if (learn_join(c, c->o.spec_corpus_learn / 4) == STATUS_OK && c->corpus_kept &&
+        base_now_s() - c->keep_written_s >= c->keep_every_s)
+        spec_keep_save(c, 0);
 }
 
 /* What a kept corpus is bound to: the vocabulary's size and an FNV-1a 64 over every token's
@@ -322,7 +324,7 @@ enum status spec_keep_load(struct conductor *c)
     return STATUS_OK;
 }
 
-void spec_keep_save(struct conductor *c)
+void spec_keep_save(struct conductor *c, int last)
 {
     if (!c->corpus_kept) return;
     c->keep_written_s = base_now_s();
@@ -331,7 +333,7 @@ void spec_keep_save(struct conductor *c)
     const int32_t *ids = c->corpus ? spec_corpus_id_data(c->corpus, c->corpus_given, &n) : NULL;
     enum status st = spec_corpus_file_write(c->o.spec_corpus_keep, c->m->cfg.vocab_size, c->keep_fingerprint, ids, n);
     if (st != STATUS_OK) LOG_WARN("engine", "--spec-corpus-keep: the learned corpus was not kept: %s", status_message());
-    else LOG_DEBUG("engine", "speculative corpus: %lld learned ids kept in %s", (long long)n, c->o.spec_corpus_keep);
+    else if (last) LOG_INFO("engine", "speculative corpus: %lld learned ids kept in %s", (long long)n, c->o.spec_corpus_keep);
 }
 
 /* Before planning: the answers a learning corpus kept join it (learn_flush); every sequence's
