@@ -5,6 +5,7 @@
 #define SHARDLM_CONDUCTOR_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "adapters.h"
@@ -69,6 +70,13 @@ struct conductor {
     double   keep_every_s;       /* SPEC_KEEP_EVERY_S (SHARDLM_TEST_SPEC_KEEP_EVERY_S) */
     uint64_t keep_fingerprint;   /* the tokenizer's, as the file holds it */
     int      learn_failed;       /* an answer could not join the corpus (said once in the log) */
+    /* The periodic write runs on a thread of its own (spec_keep_write_async), from a copy of the
+     * learned ids: the steps do not wait for the disk. keep_job is that copy while it is written. */
+    pthread_t keep_thread;
+    int       keep_thread_live;  /* keep_thread was started and not joined yet */
+    _Atomic int keep_thread_done;
+    int32_t  *keep_job;
+    int64_t   keep_job_n;
     float   *spec_q, *spec_p;
     float   *eagle_hidden;       /* EAGLE: the step's hidden states, (max_batch_tokens, d_model): on the
                                     first rank, and at pp > 1 on the last stage's first tp rank */
@@ -177,9 +185,11 @@ void        take_drafted(struct conductor *c, struct seq *s, const float *rows, 
 /* engine_options.spec_corpus_keep: the learned texts kept in the file are read into the corpus
  * when the engine is made (conductor_create; a corpus given later goes before them), and the
  * corpus's learned texts written back while serving (learn_flush: at most every keep_every_s,
- * on the engine thread) and once it has stopped (conductor_free); only when the file was read,
+ * a copy written by a thread of its own) and once it has stopped (conductor_free, after that
+ * thread); only when the file was read,
  * so that a file refused there is never overwritten. */
 enum status spec_keep_load(struct conductor *c);
 void        spec_keep_save(struct conductor *c, int last); /* last: from conductor_free (logged) */
+void        spec_keep_write_async(struct conductor *c);    /* the periodic write, on its own thread */
 
 #endif

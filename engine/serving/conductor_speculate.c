@@ -274,7 +274,7 @@ static void learn_flush(struct conductor *c)
     if (!c->n_learn || (c->sched.n_running > 1 && c->n_learn < SPEC_LEARN_BATCH)) return;
     if (learn_join(c, c->o.spec_corpus_learn / 4) == STATUS_OK && c->corpus_kept &&
         base_now_s() - c->keep_written_s >= c->keep_every_s)
-        spec_keep_save(c, 0);
+        spec_keep_write_async(c);
 }
 
 /* What a kept corpus is bound to: the vocabulary's size and an FNV-1a 64 over every token's
@@ -324,8 +324,50 @@ enum status spec_keep_load(struct conductor *c)
     return STATUS_OK;
 }
 
+static void *keep_writer(void *arg)
+{
+    struct conductor *c = arg;
+    if (spec_corpus_file_write(c->o.spec_corpus_keep, c->m->cfg.vocab_size, c->keep_fingerprint, c->keep_job,
+                               c->keep_job_n) != STATUS_OK)
+        LOG_WARN("engine", "--spec-corpus-keep: the learned corpus was not kept: %s", status_message());
+    atomic_store(&c->keep_thread_done, 1);
+    return NULL;
+}
+
+/* Joins the writer thread once it is done (wait: also while it writes); 1 when none is left. */
+static int keep_writer_join(struct conductor *c, int wait)
+{
+    if (!c->keep_thread_live) return 1;
+    if (!wait && !atomic_load(&c->keep_thread_done)) return 0;
+    pthread_join(c->keep_thread, NULL);
+    c->keep_thread_live = 0;
+    free(c->keep_job);
+    c->keep_job = NULL;
+    return 1;
+}
+
+void spec_keep_write_async(struct conductor *c)
+{
+    if (!keep_writer_join(c, 0)) return; /* the last write is still going: the next flush tries again */
+    c->keep_written_s = base_now_s();
+    int64_t n = 0;
+    const int32_t *ids = c->corpus ? spec_corpus_id_data(c->corpus, c->corpus_given, &n) : NULL;
+    c->keep_job = malloc((size_t)(n ? n : 1) * sizeof *c->keep_job);
+    if (!c->keep_job) return; /* out of memory: written at the end instead */
+    if (n) memcpy(c->keep_job, ids, (size_t)n * sizeof *ids);
+    c->keep_job_n = n;
+    atomic_store(&c->keep_thread_done, 0);
+    if (pthread_create(&c->keep_thread, NULL, keep_writer, c) != 0) {
+        free(c->keep_job); /* no thread: written at the end instead */
+        c->keep_job = NULL;
+        return;
+    }
+    c->keep_thread_live = 1;
+}
+
 void spec_keep_save(struct conductor *c, int last)
 {
+    keep_writer_join(c, 1); /* a periodic write still going ends before this one starts */
     if (!c->corpus_kept) return;
     c->keep_written_s = base_now_s();
     if (c->n_learn) learn_join(c, c->o.spec_corpus_learn / 4);

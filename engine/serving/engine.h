@@ -128,8 +128,9 @@ struct engine_options {
     /* The learned texts kept across restarts in this file (`serve --spec-corpus-keep FILE`;
      * spec_corpus.h for its layout): read into the corpus by engine_create when the file is
      * there (a file of another kind, another tokenizer's, or altered is refused by name and left
-     * as it is), written back (PATH.tmp renamed over it) at most every SPEC_KEEP_EVERY_S (60 s)
-     * while answers join, and when the engine is freed: a crash loses at most the last minute's.
+     * as it is), written back (a temporary renamed over it) at most every SPEC_KEEP_EVERY_S (60 s)
+     * while answers join (by a thread of its own, from a copy), and when the engine is freed: a
+     * crash loses at most the last minute's.
      * Needs spec_corpus_learn; one replica (dp 1). NULL = not kept. */
     const char *spec_corpus_keep;
     /* The draft's vocabulary cut to the token ids listed in this file (a JSON array: SGLang's

@@ -252,6 +252,10 @@ def keep(a, tmp):
         with srv.client(timeout=60) as c:
             c.generate(prompt, max_tokens=80, temperature=0)
             c.generate("The big red ball", max_tokens=8, temperature=0)  # its first step joins the first answer
+        for _ in range(100):  # written by a thread of its own
+            if crashed.exists():
+                break
+            time.sleep(0.1)
     finally:
         srv.proc.kill()
         srv.proc.wait(timeout=30)
