@@ -570,6 +570,7 @@ int conductor_step(struct conductor *c)
     }
     verify_inject_fault(c);
     enum status st = run_planned_step(c);                    /* 3 */
+    if (c->test_step_delay_ns > 0) nanosleep(&(struct timespec){0, c->test_step_delay_ns}, NULL);
     take_results(c, st);                                     /* 4 */
     if (st != STATUS_OK && c->par.world && c->par.world->broken) fail_conductor(c, st);
     scheduler_drop_finished(&c->sched);

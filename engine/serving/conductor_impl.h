@@ -110,6 +110,8 @@ struct conductor {
     int      verify_fault;
     struct verify_job *vjobs[VERIFY_MAX_JOBS];
     int      n_vjobs;
+    /* Tests: $SHARDLM_TEST_STEP_DELAY_MS slows every planned step (a drain that lasts). */
+    long     test_step_delay_ns;
 
     pthread_mutex_t mu;
     pthread_cond_t  cv;

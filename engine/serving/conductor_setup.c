@@ -194,6 +194,11 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
         if (st != STATUS_OK) goto fail;
     }
     verify_init(c);
+    const char *delay = getenv("SHARDLM_TEST_STEP_DELAY_MS");
+    if (delay && atof(delay) > 0.0 && atof(delay) < 1000.0) {
+        c->test_step_delay_ns = (long)(atof(delay) * 1e6);
+        LOG_WARN(MODULE, "SHARDLM_TEST_STEP_DELAY_MS=%s: every step waits that long", delay);
+    }
     /* Only the first rank times out: workers legitimately wait for the next plan forever. Every
      * rank beats (parallel_watch_start), so that the timeout names the rank that stopped. */
     if (c->par.world && c->par.world->rank == 0) c->par.world->timeout_s = o->rank_timeout_s;

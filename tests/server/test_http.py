@@ -590,8 +590,11 @@ def group_fronts(env):
             except OSError:
                 return False
         wait_until(serves_again, "the front to serve again")
-    # Drain: a running stream completes after SIGTERM; new requests get 503; exit 0.
-    srv = Server(env.shardlm, env.model, "--drain-timeout", "30", name="http-drain")
+    # Drain: a running stream completes after SIGTERM; new requests get 503; exit 0. Each step
+    # waits 5 ms (a test hook), so that the drain outlasts the checks below: 400 tokens of this
+    # model take ~30 ms on a fast CPU, and the server would be gone before the new request.
+    srv = Server(env.shardlm, env.model, "--drain-timeout", "30", name="http-drain",
+                 env={**os.environ, "SHARDLM_TEST_STEP_DELAY_MS": "5"})
     try:
         stream = srv.openai().completions.create(model=MODEL, prompt="Once upon a time", max_tokens=400, temperature=0,
                                                  stream=True, extra_body={"ignore_eos": True})
@@ -607,6 +610,7 @@ def group_fronts(env):
         finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
         check(finish == ["length"] and len(text) > 100, f"the stream finished during the drain: {finish} {len(text)} chars")
         check(srv.proc.wait(timeout=60) == 0, "exit 0 after the HTTP drain")
+        check("SHARDLM_TEST_STEP_DELAY_MS=5" in srv.log_path.read_text(), "the steps were slowed (the test hook)")
     finally:
         srv.stop()
 

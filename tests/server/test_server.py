@@ -747,7 +747,9 @@ def health_check(target, service=""):
 
 def group_drain(env):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-    srv = Server(env.shardlm, env.model, "--drain-timeout", "20", name="drain")
+    # Each step waits 2 ms (a test hook): the drain outlasts the checks made during it on any CPU.
+    srv = Server(env.shardlm, env.model, "--drain-timeout", "20", name="drain",
+                 env={**os.environ, "SHARDLM_TEST_STEP_DELAY_MS": "2"})
     try:
         check(health_check(srv.target) == "SERVING", "SERVING when ready")
         check(health_check(srv.target, "shardlm.v1.TextGeneration") == "SERVING", "SERVING for the service")
@@ -789,6 +791,7 @@ def group_drain(env):
         watch_ch.close()
         log = srv.log_path.read_text()
         check("req=" in log and "ttft_ms=" in log and "completion_tokens=7680" in log, "request log lines")
+        check("SHARDLM_TEST_STEP_DELAY_MS=2" in log, "the steps were slowed (the test hook)")
     finally:
         srv.stop()
     # A drain that times out: what still runs ends with UNAVAILABLE, and the exit is still clean.
