@@ -83,8 +83,13 @@ def UNARY(rid):
     return gen_req(rid, max_tokens=450, temperature=0.9, seed=10, n=4)
 
 
-def server(shardlm, model, *extra, name):
-    return TS.Server(shardlm, model, *FLAGS, *extra, name=name)
+def server(shardlm, model, *extra, name, env=None):
+    return TS.Server(shardlm, model, *FLAGS, *extra, name=name, env=env)
+
+
+# A test hook that slows every engine step by 2 ms: a drain test's SIGTERM then lands while the
+# stream still runs on any CPU.
+SLOW = {**os.environ, "SHARDLM_TEST_STEP_DELAY_MS": "2"}
 
 
 def kill9(srv):
@@ -450,7 +455,7 @@ def group_drain(shardlm, model, work):
         ref = Reader(method, mk())
         ref.call(stub(srv))
     journal = work / "journal-drain"
-    srv = server(shardlm, model, "--journal", str(journal), "--drain-timeout", "0", name="drain")
+    srv = server(shardlm, model, "--journal", str(journal), "--drain-timeout", "0", name="drain", env=SLOW)
     r = Reader(method, mk())
     c = r.call(stub(srv), stop_after=3)
     srv.terminate()

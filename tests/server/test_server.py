@@ -800,7 +800,8 @@ def group_drain(env):
     # connection at once: "Stream removed"; with two busy loops beside it, 4 of 5 runs of 100 failed,
     # after the fix 0 of 1,000: a check by chance, not a proof).
     for k in range(DRAIN_TIMEOUT_RUNS):
-        with Server(env.shardlm, env.model, "--drain-timeout", "0.1", name="drain-timeout") as srv, srv.client() as c:
+        with Server(env.shardlm, env.model, "--drain-timeout", "0.1", name="drain-timeout",
+                    env={**os.environ, "SHARDLM_TEST_STEP_DELAY_MS": "2"}) as srv, srv.client() as c:
             streams = [iter(c.generate_stream("Once upon a time", **LONG)) for _ in range(2)]
             for st in streams:
                 next(st)
