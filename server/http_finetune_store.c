@@ -17,9 +17,9 @@
 #include "http_finetune.h"
 #include "server_internal.h"
 
-static void index_path(const struct server *s, char *out, size_t cap, const char *suffix)
+static void index_path(const struct server *s, char *out, size_t cap)
 {
-    snprintf(out, cap, "%s/index.json%s", s->opts.finetune_dir, suffix);
+    snprintf(out, cap, "%s/index.json", s->opts.finetune_dir);
 }
 
 void ft_store_save(const struct server *s, const struct http_finetune *ft)
@@ -69,13 +69,12 @@ void ft_store_save(const struct server *s, const struct http_finetune *ft)
     }
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
-    char path[PATH_MAX], tmp[PATH_MAX];
-    index_path(s, path, sizeof path, "");
-    index_path(s, tmp, sizeof tmp, ".tmp");
-    FILE *f = text ? fopen(tmp, "w") : NULL;
-    int ok = f && fputs(text, f) >= 0;
-    ok = f && fclose(f) == 0 && ok && rename(tmp, path) == 0;
-    if (!ok) LOG_WARN("finetune", "cannot write %s: %s (a restart would not see the latest change)", path, strerror(errno));
+    char path[PATH_MAX];
+    index_path(s, path, sizeof path);
+    /* Mode 0600: the index names the owners' files and jobs. */
+    if (!text || base_write_text(path, text, 0600) != STATUS_OK)
+        LOG_WARN("finetune", "cannot write %s: %s (a restart would not see the latest change)", path,
+                 text ? status_message() : "out of memory");
     free(text);
 }
 
@@ -94,7 +93,7 @@ static double num(const cJSON *o, const char *name)
 int ft_store_load(const struct server *s, struct http_finetune *ft, char *why, size_t cap)
 {
     char path[PATH_MAX];
-    index_path(s, path, sizeof path, "");
+    index_path(s, path, sizeof path);
     char *text = NULL;
     size_t len = 0;
     if (base_read_file(path, (size_t)64 << 20, "index", &text, &len) != STATUS_OK) {

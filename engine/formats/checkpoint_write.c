@@ -41,11 +41,9 @@ static enum status ck_copy_file(const char *dir_in, const char *dir_out, const c
 static enum status mw_write_meta(const char *dir_out, const struct model_config *c, int tp, int pp)
 {
     enum status s = STATUS_OK;
-    char path[CK_PATH], tmp[CK_PATH + 8];
+    char path[CK_PATH];
     char *text = NULL;
-    FILE *f = NULL;
     if ((s = ck_pathf(path, dir_out, CK_MEGATRON_META))) return s;
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     cJSON *root = cJSON_CreateObject();
     cJSON *lps = cJSON_CreateArray();
     int ok = root && lps;
@@ -73,18 +71,8 @@ static enum status mw_write_meta(const char *dir_out, const struct model_config 
         s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
-    if (!(f = fopen(tmp, "wb"))) {
-        s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    size_t len = strlen(text);
-    int bad = fwrite(text, 1, len, f) != len || fputc('\n', f) == EOF;
-    bad |= fclose(f) != 0;
-    f = NULL;
-    if (bad) s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-    else if (rename(tmp, path) != 0) s = status_errorf(STATUS_IO, "rename %s: %s", tmp, strerror(errno));
+    s = base_write_text(path, text, 0644);
 out:
-    if (s) remove(tmp);
     cJSON_free(text);
     cJSON_Delete(lps);
     cJSON_Delete(root);
@@ -109,12 +97,12 @@ static enum status ck_out_dir(const char *dir_out, const struct checkpoint *src)
     return STATUS_OK;
 }
 
-/* Writes n bytes to dir_out/name through name.tmp. */
+/* Writes n bytes to dir_out/name (base_write_file: whole or not at all). */
 static enum status ck_write_bytes(const char *dir_out, const char *name, const void *data, size_t n)
 {
     char path[CK_PATH];
     enum status s = ck_pathf(path, dir_out, name);
-    return s ? s : base_write_file(path, data, n);
+    return s ? s : base_write_file(path, data, n, 0644);
 }
 
 /* Copies the tokenizer files that are present (a GGUF source: writes tokenizer.model from its

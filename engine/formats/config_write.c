@@ -211,8 +211,6 @@ enum status config_save(const char *path, const struct model_config *c)
     enum status st = STATUS_OK;
     cJSON *root = NULL;
     char *text = NULL;
-    char tmp[4096];
-    FILE *f = NULL;
 
     if ((st = config_validate(c, path))) return st;
     if (c->family == MODEL_FAMILY_LLAMA && strcmp(c->architecture, "LlamaForCausalLM") &&
@@ -239,9 +237,6 @@ enum status config_save(const char *path, const struct model_config *c)
     if (c->family == MODEL_FAMILY_BERT) /* served as it is; convert, reshard and train do not take encoders */
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\" (an encoder)", path,
                              c->architecture);
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", path);
-
     int ok = 1;
     root = cJSON_CreateObject();
     cJSON *archs = cJSON_CreateStringArray((const char *const[]){c->architecture}, 1);
@@ -259,29 +254,8 @@ enum status config_save(const char *path, const struct model_config *c)
         goto out;
     }
 
-    f = fopen(tmp, "wb");
-    if (!f) {
-        st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    size_t len = strlen(text);
-    if (fwrite(text, 1, len, f) != len || fputc('\n', f) == EOF) {
-        st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    int rc = fclose(f);
-    f = NULL;
-    if (rc != 0) {
-        st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    if (rename(tmp, path) != 0) {
-        st = status_errorf(STATUS_IO, "rename %s -> %s: %s", tmp, path, strerror(errno));
-        goto out;
-    }
+    st = base_write_text(path, text, 0644);
 out:
-    if (f) fclose(f);
-    if (st) remove(tmp);
     cJSON_free(text);
     cJSON_Delete(root);
     return st;

@@ -690,9 +690,9 @@ static enum status gc_write_tokenizer_json(const struct gguf *g, const char *out
         goto out;
     }
     snprintf(path, sizeof path, "%s/tokenizer.json", out_dir);
-    if ((s = base_write_file(path, tok, strlen(tok)))) goto out;
+    if ((s = base_write_file(path, tok, strlen(tok), 0644))) goto out;
     snprintf(path, sizeof path, "%s/tokenizer_config.json", out_dir);
-    s = base_write_file(path, conf, strlen(conf));
+    s = base_write_file(path, conf, strlen(conf), 0644);
 out:
     free(tok);
     free(conf);
@@ -780,7 +780,7 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
 
     /* A gpt2 vocabulary comes back as a tokenizer.json text, a llama one as a ModelProto. */
     if (proto_n && ((const char *)proto)[0] == '{') s = gc_write_tokenizer_json(g, out_dir, proto, proto_n);
-    else if (snprintf(path, sizeof path, "%s/tokenizer.model", out_dir) >= 0) s = base_write_file(path, proto, proto_n);
+    else if (snprintf(path, sizeof path, "%s/tokenizer.model", out_dir) >= 0) s = base_write_file(path, proto, proto_n, 0644);
     if (s) goto out;
     snprintf(path, sizeof path, "%s/config.json", out_dir);
     s = config_save(path, &c);

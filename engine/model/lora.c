@@ -530,14 +530,10 @@ static enum status write_peft_config(const struct lora *l, const char *dir, cons
     cJSON_AddBoolToObject(root, "inference_mode", 1);
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
-    char path[4200], tmp[4300];
+    char path[4200];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = text ? fopen(tmp, "w") : NULL;
-    enum status st = STATUS_OK;
-    if (!f || fputs(text, f) < 0 || fputc('\n', f) == EOF) st = status_errorf(STATUS_IO, "%s: cannot write", tmp);
-    if (f && fclose(f) != 0 && st == STATUS_OK) st = status_errorf(STATUS_IO, "%s: cannot write", tmp);
-    if (st == STATUS_OK && rename(tmp, path) != 0) st = status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+    enum status st = text ? base_write_text(path, text, 0644)
+                          : status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
     free(text);
     return st;
 }

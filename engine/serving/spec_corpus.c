@@ -244,26 +244,9 @@ enum status spec_corpus_file_write(const char *path, int32_t vocab, uint64_t fin
     put_le(b + 24, (uint64_t)n, 8);
     for (int64_t i = 0; i < n; i++) put_le(b + KEEP_HEADER + 4 * i, (uint32_t)ids[i], 4);
     put_le(b + KEEP_HEADER + 4 * (size_t)n, fnv1a(b + KEEP_HEADER, 4 * (size_t)n), 8);
-    /* A temporary of its own (mkstemp: mode 0600, as the answers it holds are the users'), synced,
-     * then renamed over path: processes that keep the same file (generate runs at once) never
-     * write into each other's temporary; the last rename wins. */
-    char tmp[4200];
-    enum status st = STATUS_OK;
-    int fd = -1;
-    if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp)
-        st = status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", path);
-    else if ((fd = mkstemp(tmp)) < 0)
-        st = status_errorf(STATUS_IO, "%s: cannot create a temporary beside it: %s", path, strerror(errno));
-    for (size_t done = 0; st == STATUS_OK && done < size;) {
-        const ssize_t w = write(fd, b + done, size - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) st = status_errorf(STATUS_IO, "%s: cannot write: %s", tmp, strerror(errno));
-        else done += (size_t)w;
-    }
-    if (st == STATUS_OK && fsync(fd) != 0) st = status_errorf(STATUS_IO, "%s: cannot sync: %s", tmp, strerror(errno));
-    if (fd >= 0 && close(fd) != 0 && st == STATUS_OK) st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-    if (st == STATUS_OK && rename(tmp, path) != 0) st = status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
-    if (st != STATUS_OK && fd >= 0) unlink(tmp);
+    /* Mode 0600: the answers it holds are the users'. Processes that keep the same file (generate
+     * runs at once) never write into each other's temporary; the last rename wins. */
+    enum status st = base_write_file(path, b, size, 0600);
     free(b);
     return st;
 }

@@ -195,38 +195,27 @@ enum status base_open_file(const char *path, int *fd, struct stat *st)
 
 enum status base_copy_file(const char *from, const char *to)
 {
-    char tmp[4096 + 8];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", to) >= (int)sizeof tmp)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", to);
     int fd;
     enum status st = base_open_file(from, &fd, NULL);
     if (st != STATUS_OK) return st;
-    FILE *in = fdopen(fd, "rb"), *out = NULL;
-    if (!in) {
+    struct base_atomic out;
+    if ((st = base_atomic_open(&out, to, 0644)) != STATUS_OK) {
         close(fd);
-        return status_errorf(STATUS_IO, "%s: %s", from, strerror(errno));
-    }
-    if (!(out = fopen(tmp, "wb"))) {
-        st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-        goto done;
+        return st;
     }
     char buf[1 << 16];
-    size_t got;
-    while ((got = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, got, out) != got) {
-            st = status_errorf(STATUS_IO, "%s: write failed: %s", tmp, strerror(errno));
-            goto done;
-        }
-    if (ferror(in)) st = status_errorf(STATUS_IO, "%s: read failed", from);
-    int rc = fclose(out);
-    out = NULL;
-    if (st == STATUS_OK && rc != 0) st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-    if (st == STATUS_OK && rename(tmp, to) != 0) st = status_errorf(STATUS_IO, "rename %s: %s", tmp, strerror(errno));
-done:
-    if (out) fclose(out);
-    if (st != STATUS_OK) remove(tmp);
-    fclose(in);
-    return st;
+    for (;;) {
+        const ssize_t got = read(fd, buf, sizeof buf);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) st = status_errorf(STATUS_IO, "%s: read failed: %s", from, strerror(errno));
+        if (got <= 0 || (st = base_atomic_write(&out, buf, (size_t)got)) != STATUS_OK) break;
+    }
+    close(fd);
+    if (st != STATUS_OK) {
+        base_atomic_abort(&out);
+        return st;
+    }
+    return base_atomic_commit(&out);
 }
 
 enum status base_read_file(const char *path, size_t max_bytes, const char *what, char **text, size_t *len)
@@ -272,26 +261,85 @@ enum status base_read_file(const char *path, size_t max_bytes, const char *what,
     return STATUS_OK;
 }
 
-enum status base_write_file(const char *path, const void *data, size_t n)
+enum status base_atomic_open(struct base_atomic *a, const char *path, unsigned mode)
 {
-    const size_t len = strlen(path) + 5;
-    char *tmp = malloc(len);
-    if (!tmp) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
-    snprintf(tmp, len, "%s.tmp", path);
-    enum status s = STATUS_OK;
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-    } else {
-        int bad = fwrite(data, 1, n, f) != n;
-        bad |= fclose(f) != 0;
-        if (bad || rename(tmp, path) != 0) {
-            s = status_errorf(STATUS_IO, "%s: %s", bad ? tmp : path, strerror(errno));
-            remove(tmp);
-        }
+    a->fd = -1;
+    if (snprintf(a->path, sizeof a->path, "%s", path) >= (int)sizeof a->path ||
+        snprintf(a->tmp, sizeof a->tmp, "%s.XXXXXX", path) >= (int)sizeof a->tmp)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "path too long (%zu bytes) to write: %.200s...", strlen(path), path);
+    if ((a->fd = mkstemp(a->tmp)) < 0)
+        return status_errorf(STATUS_IO, "%s: cannot create a temporary beside it: %s", path, strerror(errno));
+    if (fchmod(a->fd, (mode_t)mode) != 0) {
+        enum status st = status_errorf(STATUS_IO, "%s: %s", a->tmp, strerror(errno));
+        base_atomic_abort(a);
+        return st;
     }
-    free(tmp);
-    return s;
+    return STATUS_OK;
+}
+
+enum status base_atomic_write(struct base_atomic *a, const void *data, size_t n)
+{
+    for (size_t done = 0; done < n;) {
+        const ssize_t w = write(a->fd, (const char *)data + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return status_errorf(STATUS_IO, "%s: cannot write: %s", a->tmp, w < 0 ? strerror(errno) : "no progress");
+        done += (size_t)w;
+    }
+    return STATUS_OK;
+}
+
+void base_atomic_abort(struct base_atomic *a)
+{
+    if (a->fd < 0) return;
+    close(a->fd);
+    unlink(a->tmp);
+    a->fd = -1;
+}
+
+enum status base_atomic_commit(struct base_atomic *a)
+{
+    enum status st = STATUS_OK;
+    if (fsync(a->fd) != 0) st = status_errorf(STATUS_IO, "%s: cannot sync: %s", a->tmp, strerror(errno));
+    const int rc = close(a->fd);
+    a->fd = -1;
+    if (st == STATUS_OK && rc != 0) st = status_errorf(STATUS_IO, "%s: %s", a->tmp, strerror(errno));
+    if (st == STATUS_OK && rename(a->tmp, a->path) != 0)
+        st = status_errorf(STATUS_IO, "%s: cannot rename its temporary over it: %s", a->path, strerror(errno));
+    if (st != STATUS_OK) {
+        unlink(a->tmp);
+        return st;
+    }
+    /* The rename lasts once the directory is synced (a failure there is not the file's: ignored). */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", a->path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) slash[1] = '\0';
+    else if (slash) *slash = '\0';
+    else snprintf(dir, sizeof dir, ".");
+    const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+    }
+    return STATUS_OK;
+}
+
+enum status base_write_file(const char *path, const void *data, size_t n, unsigned mode)
+{
+    struct base_atomic a;
+    enum status st = base_atomic_open(&a, path, mode);
+    if (st == STATUS_OK && (st = base_atomic_write(&a, data, n)) != STATUS_OK) base_atomic_abort(&a);
+    return st == STATUS_OK ? base_atomic_commit(&a) : st;
+}
+
+enum status base_write_text(const char *path, const char *text, unsigned mode)
+{
+    struct base_atomic a;
+    enum status st = base_atomic_open(&a, path, mode);
+    if (st == STATUS_OK && ((st = base_atomic_write(&a, text, strlen(text))) != STATUS_OK ||
+                            (st = base_atomic_write(&a, "\n", 1)) != STATUS_OK))
+        base_atomic_abort(&a);
+    return st == STATUS_OK ? base_atomic_commit(&a) : st;
 }
 
 double base_now_s(void)

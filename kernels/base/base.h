@@ -86,12 +86,26 @@ size_t base_utf8_valid_prefix(const char *s, size_t len);
  * JSON, data, key files). */
 enum status base_read_file(const char *path, size_t max_bytes, const char *what, char **text, size_t *len);
 
-/* Writes data[0..n) to path through path.tmp, renamed over path once complete (a reader never
- * sees a partial file; the temporary is removed on failure). STATUS_IO naming the file. */
-enum status base_write_file(const char *path, const void *data, size_t n);
-/* Copies the file at from (opened by base_open_file: a regular file only) to `to` through
- * to.tmp, renamed over `to` once complete (a reader never sees half a file; the .tmp is removed
- * on failure). Errors: base_open_file's, STATUS_IO naming the file. */
+/* A file written whole or not at all: a temporary of its own beside path (mkstemp, so that two
+ * processes writing the same path never write into each other's), given `mode`, synced and
+ * renamed over path by base_atomic_commit (the directory synced too), so that a reader, a crash or
+ * a power cut sees the old file or the new one, never a part. base_atomic_abort removes the
+ * temporary (commit does on failure). Errors: STATUS_IO naming the file. */
+struct base_atomic {
+    int  fd;
+    char path[4096], tmp[4096 + 8];
+};
+enum status base_atomic_open(struct base_atomic *a, const char *path, unsigned mode);
+enum status base_atomic_write(struct base_atomic *a, const void *data, size_t n);
+enum status base_atomic_commit(struct base_atomic *a);
+void        base_atomic_abort(struct base_atomic *a);
+
+/* Writes data[0..n) to path with the given mode through base_atomic_*; base_write_text writes a
+ * NUL-terminated text and a newline after it (JSON files). */
+enum status base_write_file(const char *path, const void *data, size_t n, unsigned mode);
+enum status base_write_text(const char *path, const char *text, unsigned mode);
+/* Copies the file at from (opened by base_open_file: a regular file only) to `to` (mode 0644)
+ * through base_atomic_*. Errors: base_open_file's, STATUS_IO naming the file. */
 enum status base_copy_file(const char *from, const char *to);
 
 enum log_level { LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR };
