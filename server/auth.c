@@ -121,9 +121,7 @@ void auth_owner(const struct server *s, int key, char *out, size_t cap)
 void auth_owner_legacy(const char *key, char *out, size_t cap)
 {
     /* FNV-1a, 64 bits, of a fixed prefix and the key: the owner before owner.salt. */
-    uint64_t h = 1469598103934665603ull;
-    for (const unsigned char *p = (const unsigned char *)"shardlm-owner:"; *p; p++) h = (h ^ *p) * 1099511628211ull;
-    for (const unsigned char *p = (const unsigned char *)key; *p; p++) h = (h ^ *p) * 1099511628211ull;
+    const uint64_t h = base_fnv1a_str(base_fnv1a_str(1469598103934665603ull, "shardlm-owner:"), key);
     snprintf(out, cap, "key-%016llx", (unsigned long long)h);
 }
 

@@ -597,7 +597,7 @@ void http_tools_call_id(const struct http_request *q, const char *base, int k, c
     /* Mistral's templates keep the last 9 characters of an id and expect letters and digits. */
     static const char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     unsigned long long h = 1469598103934665603ull; /* FNV-1a of base and k */
-    for (const char *c = base; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    h = base_fnv1a_str(h, base);
     h = (h ^ (unsigned)k) * 1099511628211ull;
     size_t i = 0;
     for (; i < 9 && i + 1 < cap; i++, h /= 62) out[i] = digits[h % 62];

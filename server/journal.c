@@ -69,8 +69,7 @@ enum status journal_fsync_parse(const char *s, enum journal_fsync *out)
 
 static uint32_t check_of(const unsigned char *p, size_t n)
 {
-    uint64_t h = 14695981039346656037ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    const uint64_t h = base_fnv1a(BASE_FNV1A_BASIS, p, n);
     return (uint32_t)(h ^ (h >> 32));
 }
 

@@ -99,12 +99,6 @@ static enum status resolve(const char *addr, char *host, size_t cap, struct sock
 
 /* ---- choosing replicas ----------------------------------------------------------------------- */
 
-static uint64_t fnv1a(const char *s, uint64_t h)
-{
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 static int sticky_find(struct proxy *r, const char *key)
 {
     int found = -1;
@@ -141,7 +135,7 @@ static int candidates(struct proxy *r, const char *idem, int *order)
         const struct backend *b = &r->b[i];
         double down = atomic_load(&b->up) ? 0.0 : 1e12;
         if (idem) {
-            uint64_t h = fnv1a(idem, fnv1a(b->name, 14695981039346656037ull));
+            uint64_t h = base_fnv1a_str(base_fnv1a_str(BASE_FNV1A_BASIS, b->name), idem);
             w[i] = (i == first ? -1e13 : 0.0) + down + (double)(h >> 11) * 1e-9;
         } else {
             unsigned rot = ((unsigned)i + (unsigned)r->n - start % (unsigned)r->n) % (unsigned)r->n;

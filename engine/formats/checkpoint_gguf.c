@@ -128,10 +128,7 @@ enum status ck_open_gguf(struct checkpoint *ck)
     if ((s = gguf_model_config(cf->gguf, DTYPE_F32, &ck->cfg)) || (s = gguf_check_tensors(cf->gguf, &ck->cfg)))
         return s;
     if ((s = gguf_tokenizer_model_proto(cf->gguf, &ck->tokenizer_proto, &ck->tokenizer_proto_n))) return s;
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
-    for (size_t i = 0; i < ck->tokenizer_proto_n; i++)
-        h = (h ^ ((const uint8_t *)ck->tokenizer_proto)[i]) * 0x100000001b3ull;
-    ck->tokenizer_digest = h;
+    ck->tokenizer_digest = base_fnv1a(BASE_FNV1A_BASIS, ck->tokenizer_proto, ck->tokenizer_proto_n);
     const char *tmpl = NULL;
     if (gguf_find_kv(cf->gguf, "tokenizer.chat_template") &&
         (s = gguf_get_str(cf->gguf, "tokenizer.chat_template", &tmpl)))

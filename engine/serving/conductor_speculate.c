@@ -281,11 +281,10 @@ static void learn_flush(struct conductor *c)
  * piece (a file kept by a model with another tokenizer would draft nonsense). */
 static uint64_t tokenizer_fingerprint(const struct tokenizer *t)
 {
-    uint64_t h = 14695981039346656037ull;
+    uint64_t h = BASE_FNV1A_BASIS;
     for (int32_t id = 0; id < tokenizer_vocab_size(t); id++) {
         const char *piece = tokenizer_id_to_piece(t, id);
-        for (const unsigned char *p = (const unsigned char *)(piece ? piece : ""); *p; p++) h = (h ^ *p) * 1099511628211ull;
-        h = (h ^ 0xffu) * 1099511628211ull; /* the piece's end (0xff is no UTF-8 byte) */
+        h = base_fnv1a(base_fnv1a_str(h, piece ? piece : ""), "\xff", 1); /* the piece's end (0xff is no UTF-8 byte) */
     }
     return h;
 }

@@ -293,8 +293,7 @@ void request_free(struct request *r)
 static uint64_t client_key(const char *client)
 {
     if (!client || !client[0]) return 0;
-    uint64_t h = 14695981039346656037ull;
-    for (const unsigned char *c = (const unsigned char *)client; *c; c++) h = (h ^ *c) * 1099511628211ull;
+    const uint64_t h = base_fnv1a_str(BASE_FNV1A_BASIS, client);
     return h ? h : 1;
 }
 

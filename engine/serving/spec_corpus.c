@@ -212,13 +212,6 @@ const int32_t *spec_corpus_id_data(const struct spec_corpus *c, int64_t from, in
 #define KEEP_VERSION 1
 #define KEEP_HEADER  32 /* magic 8, version 4, vocab 4, fingerprint 8, n 8 */
 
-static uint64_t fnv1a(const unsigned char *p, size_t n)
-{
-    uint64_t h = 14695981039346656037ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
-
 static void put_le(unsigned char *p, uint64_t v, int bytes)
 {
     for (int i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
@@ -243,7 +236,7 @@ enum status spec_corpus_file_write(const char *path, int32_t vocab, uint64_t fin
     put_le(b + 16, fingerprint, 8);
     put_le(b + 24, (uint64_t)n, 8);
     for (int64_t i = 0; i < n; i++) put_le(b + KEEP_HEADER + 4 * i, (uint32_t)ids[i], 4);
-    put_le(b + KEEP_HEADER + 4 * (size_t)n, fnv1a(b + KEEP_HEADER, 4 * (size_t)n), 8);
+    put_le(b + KEEP_HEADER + 4 * (size_t)n, base_fnv1a(BASE_FNV1A_BASIS, b + KEEP_HEADER, 4 * (size_t)n), 8);
     /* Mode 0600: the answers it holds are the users'. Processes that keep the same file (generate
      * runs at once) never write into each other's temporary; the last rename wins. */
     enum status st = base_write_file(path, b, size, 0600);
@@ -282,7 +275,7 @@ enum status spec_corpus_file_read(const char *path, int32_t vocab, uint64_t fing
                            "%d, fingerprint %016llx; this one %d, %016llx): its drafts would not fit; remove it or "
                            "name another file", path, (int32_t)get_le(b + 12, 4),
                            (unsigned long long)get_le(b + 16, 8), vocab, (unsigned long long)fingerprint);
-    else if (fnv1a(b + KEEP_HEADER, 4 * count) != get_le(b + KEEP_HEADER + 4 * count, 8))
+    else if (base_fnv1a(BASE_FNV1A_BASIS, b + KEEP_HEADER, 4 * count) != get_le(b + KEEP_HEADER + 4 * count, 8))
         st = status_errorf(STATUS_BAD_FORMAT, "%s: the kept ids do not match their checksum (the file was altered)",
                            path);
     int32_t *out = st == STATUS_OK && count ? malloc(count * sizeof *out) : NULL;

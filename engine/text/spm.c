@@ -47,8 +47,7 @@ static enum status oom(void) { return status_errorf(STATUS_RESOURCE_EXHAUSTED, "
 
 static uint64_t hash_bytes(const char *s, size_t n)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a, then a final mix */
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
+    uint64_t h = base_fnv1a(1469598103934665603ull, s, n); /* FNV-1a, then a final mix */
     h ^= h >> 29;
     h *= 0xbf58476d1ce4e5b9ull;
     return h ^ (h >> 32);

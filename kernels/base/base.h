@@ -6,6 +6,7 @@
 #define SHARDLM_BASE_H
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -53,6 +54,23 @@ void base_check_fail(const char *file, int line, const char *cond, const char *f
  * or return -1 and leave *out alone. */
 int base_parse_long(const char *s, long lo, long hi, long *out);
 int base_parse_float(const char *s, float *out);
+
+/* FNV-1a, 64 bits: h (BASE_FNV1A_BASIS to start, or an earlier result to go on) folded with the
+ * bytes p[0..n) or the string s. The project's one non-cryptographic hash of names, texts and
+ * files' bodies (checksums against damage, never against an adversary). Some older callers start
+ * from 1469598103934665603 (a digit short of the basis): what they hash is persisted or shown,
+ * so they keep it. */
+#define BASE_FNV1A_BASIS 14695981039346656037ull
+static inline uint64_t base_fnv1a(uint64_t h, const void *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+    return h;
+}
+static inline uint64_t base_fnv1a_str(uint64_t h, const char *s)
+{
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
 
 /* Seconds on CLOCK_MONOTONIC: deadlines, timeouts and durations everywhere (never wall time). */
 double base_now_s(void);
