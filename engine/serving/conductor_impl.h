@@ -191,7 +191,7 @@ void        take_drafted(struct conductor *c, struct seq *s, const float *rows, 
  * thread); only when the file was read,
  * so that a file refused there is never overwritten. */
 enum status spec_keep_load(struct conductor *c);
-void        spec_keep_save(struct conductor *c, int last); /* last: from conductor_free (logged) */
+void        spec_keep_save(struct conductor *c); /* from conductor_free: the last write (logged) */
 void        spec_keep_write_async(struct conductor *c);    /* the periodic write, on its own thread */
 
 #endif

@@ -237,7 +237,7 @@ void conductor_free(struct conductor *c)
     sampler_free(&c->smp);
     conductor_presample_free(c);
     draft_free(&c->draft);
-    spec_keep_save(c, 1); /* the thread has stopped (conductor_drain) */
+    spec_keep_save(c); /* the thread has stopped (conductor_drain) */
     spec_corpus_free(c->corpus);
     free(c->learn);
     free(c->spec_q);

@@ -323,12 +323,18 @@ enum status spec_keep_load(struct conductor *c)
     return STATUS_OK;
 }
 
+/* Writes the learned ids to the kept file; a failure is a warning (the server goes on). */
+static enum status keep_write(const struct conductor *c, const int32_t *ids, int64_t n)
+{
+    enum status st = spec_corpus_file_write(c->o.spec_corpus_keep, c->m->cfg.vocab_size, c->keep_fingerprint, ids, n);
+    if (st != STATUS_OK) LOG_WARN("engine", "--spec-corpus-keep: the learned corpus was not kept: %s", status_message());
+    return st;
+}
+
 static void *keep_writer(void *arg)
 {
     struct conductor *c = arg;
-    if (spec_corpus_file_write(c->o.spec_corpus_keep, c->m->cfg.vocab_size, c->keep_fingerprint, c->keep_job,
-                               c->keep_job_n) != STATUS_OK)
-        LOG_WARN("engine", "--spec-corpus-keep: the learned corpus was not kept: %s", status_message());
+    keep_write(c, c->keep_job, c->keep_job_n);
     atomic_store(&c->keep_thread_done, 1);
     return NULL;
 }
@@ -364,17 +370,14 @@ void spec_keep_write_async(struct conductor *c)
     c->keep_thread_live = 1;
 }
 
-void spec_keep_save(struct conductor *c, int last)
+void spec_keep_save(struct conductor *c)
 {
     keep_writer_join(c, 1); /* a periodic write still going ends before this one starts */
     if (!c->corpus_kept) return;
-    c->keep_written_s = base_now_s();
     if (c->n_learn) learn_join(c, c->o.spec_corpus_learn / 4);
     int64_t n = 0;
     const int32_t *ids = c->corpus ? spec_corpus_id_data(c->corpus, c->corpus_given, &n) : NULL;
-    enum status st = spec_corpus_file_write(c->o.spec_corpus_keep, c->m->cfg.vocab_size, c->keep_fingerprint, ids, n);
-    if (st != STATUS_OK) LOG_WARN("engine", "--spec-corpus-keep: the learned corpus was not kept: %s", status_message());
-    else if (last) LOG_INFO("engine", "speculative corpus: %lld learned ids kept in %s", (long long)n, c->o.spec_corpus_keep);
+    if (keep_write(c, ids, n) == STATUS_OK) LOG_INFO("engine", "speculative corpus: %lld learned ids kept in %s", (long long)n, c->o.spec_corpus_keep);
 }
 
 /* Before planning: the answers a learning corpus kept join it (learn_flush); every sequence's
