@@ -16,12 +16,14 @@
 
 #include "engine.h"
 #include "generate.h"
+#include "jinja.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "ops.h"
 #include "parallel.h"
 #include "spec_corpus.h"
 #include "tokenizer.h"
+#include "trainer.h"
 
 struct stream_ctx {
     struct detokenizer detok;
@@ -55,6 +57,9 @@ struct generate_flags {
     int eagle; /* --speculative eagle: draft_model is an EAGLE head */
     long spec_draft, spec_ngram, spec_ngram_min;
     float spec_p_min; /* -1: not given */
+    const char *spec_corpus;        /* --spec-corpus FILE[,FILE...]: drafts from those texts too */
+    long spec_corpus_min;           /* --spec-corpus-min M (0: the engine's 3) */
+    float spec_corpus_p_min;        /* --spec-corpus-p-min P (0: the engine's 0.5) */
     long spec_corpus_learn;         /* --spec-corpus-learn N, with --spec-corpus-keep FILE: */
     const char *spec_corpus_keep;   /* runs learn from each other's answers (docs/speculative.md) */
     struct generate_options o; /* sampling (temperature 0 unless given), max_tokens, ignore_eos */
@@ -101,6 +106,9 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         else if (!strcmp(a, "--top-k")) { long k; if (base_parse_long(v, 0, INT_MAX, &k)) return cli_usage("--top-k must be a non-negative integer, got '%s'", v); o->sampling.top_k = (int)k; }
         else if (!strcmp(a, "--spec-corpus-learn")) { if (base_parse_long(v, 1, SPEC_LEARN_MAX, &f->spec_corpus_learn)) return cli_usage("--spec-corpus-learn must be a count of tokens in [1, 268435456], got '%s'", v); }
         else if (!strcmp(a, "--spec-corpus-keep")) f->spec_corpus_keep = v;
+        else if (!strcmp(a, "--spec-corpus")) f->spec_corpus = v;
+        else if (!strcmp(a, "--spec-corpus-min")) { if (base_parse_long(v, 1, SPEC_CORPUS_MAX_MATCH, &f->spec_corpus_min)) return cli_usage("--spec-corpus-min must be an integer in [1, 32], got '%s'", v); }
+        else if (!strcmp(a, "--spec-corpus-p-min")) { if (base_parse_float(v, &f->spec_corpus_p_min) || !(f->spec_corpus_p_min > 0.0f && f->spec_corpus_p_min <= 1.0f)) return cli_usage("--spec-corpus-p-min must be a number in (0, 1], got '%s'", v); }
         else if (!strcmp(a, "--ep")) { if (base_parse_long(v, 1, 64, &f->ep)) return cli_usage("--ep must be an integer in [1, 64], got '%s'", v); }
         else return cli_usage("generate: unknown option '%s'", a);
         i += takes;
@@ -125,9 +133,12 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
     if (f->token_map && f->spec_mode != 2) return cli_usage("generate: --spec-token-map needs --draft-model PATH%s", "");
     if (f->spec_p_min >= 0.0f && f->spec_mode != 2)
         return cli_usage("generate: --spec-p-min needs --draft-model PATH (prompt lookup's drafts have no probability)%s", "");
-    if ((f->spec_corpus_learn || f->spec_corpus_keep) && !f->spec_mode)
-        return cli_usage("generate: --spec-corpus-learn and --spec-corpus-keep need speculation on (--speculative ngram, "
-                         "or a --draft-model)%s", "");
+    if ((f->spec_corpus || f->spec_corpus_learn || f->spec_corpus_keep) && !f->spec_mode)
+        return cli_usage("generate: --spec-corpus, --spec-corpus-learn and --spec-corpus-keep need speculation on "
+                         "(--speculative ngram, or a --draft-model)%s", "");
+    if ((f->spec_corpus_min || f->spec_corpus_p_min > 0.0f) && !f->spec_corpus && !f->spec_corpus_learn)
+        return cli_usage("generate: --spec-corpus-min and --spec-corpus-p-min need --spec-corpus FILE or "
+                         "--spec-corpus-learn N%s", "");
     if (!f->spec_corpus_learn != !f->spec_corpus_keep)
         return cli_usage("generate: --spec-corpus-learn N and --spec-corpus-keep FILE go together (one run learns only "
                          "for the runs after it, through the file)%s", "");
@@ -228,6 +239,34 @@ static void spec_event(void *ctx, const struct engine_event *ev)
     }
 }
 
+/* --spec-corpus: the files read as `shardlm train` and `shardlm serve` read them (data_load,
+ * chat examples rendered with the model's own template where its tokenizer writes the special
+ * tokens, else the built-in one detected), each text the model produces one text of the corpus. */
+static enum status generate_spec_corpus(const struct generate_flags *f, struct engine *e)
+{
+    struct engine_model_info info;
+    engine_get_model_info(e, &info);
+    const struct tokenizer *tok = engine_tokenizer(e);
+    struct data_options dopt = {.seq_length = info.max_positions, .overflow = DATA_OVERFLOW_TRUNCATE};
+    struct jinja_template *jt = NULL;
+    struct train_dataset ds = {0};
+    int32_t *ids = NULL;
+    int64_t n = 0, texts = 0;
+    enum status st = data_chat_options(NULL, 1, info.chat_template, f->model_dir, tok, &dopt, &jt);
+    if (st == STATUS_OK) st = data_load(f->spec_corpus, tok, &dopt, &ds);
+    if (st == STATUS_OK) st = data_target_texts(&ds, &ids, &n, &texts);
+    if (st == STATUS_OK && !texts)
+        st = status_errorf(STATUS_INVALID_ARGUMENT, "no text a model produces (no assistant turn, text or completion)");
+    if (st == STATUS_OK) st = engine_set_spec_corpus(e, ids, n);
+    if (st != STATUS_OK) st = status_errorf(st, "--spec-corpus %s: %s", f->spec_corpus, status_message());
+    else LOG_INFO("generate", "speculative corpus: %lld texts, %lld tokens from %s", (long long)texts,
+                  (long long)(n - texts), f->spec_corpus);
+    free(ids);
+    data_free(&ds);
+    jinja_free(jt);
+    return st;
+}
+
 /* The one-sequence loop (generate_run) does not speculate, so with --speculative the prompt
  * runs as one request of the serving engine, stepped on this thread: the drafting, verification
  * and refusals of `shardlm serve` (a draft of another vocabulary, tp / pp under mpirun with the
@@ -261,6 +300,8 @@ static int generate_speculative(const struct generate_flags *f)
     o.spec_p_min = f->spec_p_min > 0.0f ? f->spec_p_min : 0.0f;
     o.spec_corpus_learn = f->spec_corpus_learn;
     o.spec_corpus_keep = f->spec_corpus_keep;
+    o.spec_corpus_min = (int)f->spec_corpus_min;
+    o.spec_corpus_p_min = f->spec_corpus_p_min;
     o.pp_layers = f->pp_layers;
     struct parallel_world *world = NULL;
     const long tp = f->ep > 1 ? f->ep * f->tp : f->tp; /* as generate_setup */
@@ -284,6 +325,7 @@ static int generate_speculative(const struct generate_flags *f)
         goto done;
     }
     const struct tokenizer *tok = engine_tokenizer(e);
+    if (f->spec_corpus && (st = generate_spec_corpus(f, e)) != STATUS_OK) goto done;
     if ((st = tokenizer_encode(tok, f->prompt, strlen(f->prompt), f->add_bos, &ids, &n_ids)) != STATUS_OK) goto done;
     struct request_params p = request_params_default();
     p.sampling = f->o.sampling;
@@ -320,9 +362,9 @@ static int generate_speculative(const struct generate_flags *f)
     /* The figures of plain generate: prefill until the first token, decode after it. */
     const double prefill_s = x.t_first > 0.0 ? x.t_first - t0 : t_end - t0, decode_s = t_end - x.t_first;
     char threads[24] = "all", corpus[160] = "";
-    if (f->spec_corpus_keep)
-        snprintf(corpus, sizeof corpus, " (the kept corpus: %llu tokens; %llu of its drafts verified, %llu accepted)",
-                 (unsigned long long)es.spec_corpus_tokens, (unsigned long long)es.spec_corpus_drafted,
+    if (f->spec_corpus_keep || f->spec_corpus)
+        snprintf(corpus, sizeof corpus, " (the %scorpus: %llu tokens; %llu of its drafts verified, %llu accepted)",
+                 f->spec_corpus_keep ? "kept " : "", (unsigned long long)es.spec_corpus_tokens, (unsigned long long)es.spec_corpus_drafted,
                  (unsigned long long)es.spec_corpus_accepted);
     if (o.n_threads > 0) snprintf(threads, sizeof threads, "%d", o.n_threads);
     fprintf(stderr, "shardlm: prompt %d tokens, prefill %.1f tok/s; generated %d tokens, decode %.1f tok/s "

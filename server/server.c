@@ -261,18 +261,10 @@ static enum status load_spec_corpus(const struct server *s, struct served_model 
     struct train_dataset ds = {0};
     enum status st = data_load(s->opts.spec_corpus, m->tok, &o, &ds);
     if (st != STATUS_OK) st = status_errorf(st, "--spec-corpus: %s", status_message());
-    int32_t *ids = st == STATUS_OK ? malloc((size_t)(2 * (ds.n ? ds.start[ds.n] : 0) + 1) * sizeof *ids) : NULL;
-    if (st == STATUS_OK && !ids) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--spec-corpus: out of host memory");
+    int32_t *ids = NULL;
     int64_t n = 0, texts = 0;
-    for (size_t i = 0; st == STATUS_OK && i < ds.n; i++) {
-        const uint32_t *t = data_example_tokens(&ds, i);
-        const int len = data_example_len(&ds, i);
-        for (int j = 0; j < len; j++) {
-            if (!data_token_loss(t[j])) continue;
-            ids[n++] = data_token_id(t[j]);
-            if (j + 1 == len || !data_token_loss(t[j + 1])) ids[n++] = -1, texts++; /* the run's end */
-        }
-    }
+    if (st == STATUS_OK && (st = data_target_texts(&ds, &ids, &n, &texts)) != STATUS_OK)
+        st = status_errorf(st, "--spec-corpus: %s", status_message());
     if (st == STATUS_OK && !texts)
         st = status_errorf(STATUS_INVALID_ARGUMENT, "--spec-corpus %s: no text a model produces (no assistant turn, "
                            "text or completion)", s->opts.spec_corpus);

@@ -687,3 +687,20 @@ void data_next_micro_batch(struct train_dataset *ds, struct data_cursor *cur,
         }
     }
 }
+
+enum status data_target_texts(const struct train_dataset *ds, int32_t **ids, int64_t *n, int64_t *texts)
+{
+    *n = 0, *texts = 0;
+    *ids = malloc((size_t)(2 * (ds->n ? ds->start[ds->n] : 0) + 1) * sizeof **ids);
+    if (!*ids) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of host memory for the texts of %zu examples", ds->n);
+    for (size_t i = 0; i < ds->n; i++) {
+        const uint32_t *t = data_example_tokens(ds, i);
+        const int len = data_example_len(ds, i);
+        for (int j = 0; j < len; j++) {
+            if (!data_token_loss(t[j])) continue;
+            (*ids)[(*n)++] = data_token_id(t[j]);
+            if (j + 1 == len || !data_token_loss(t[j + 1])) (*ids)[(*n)++] = -1, (*texts)++; /* the run's end */
+        }
+    }
+    return STATUS_OK;
+}

@@ -94,6 +94,11 @@ enum status data_load(const char *paths, const struct tokenizer *tok, const stru
                       struct train_dataset *ds);
 void data_free(struct train_dataset *ds);
 
+/* Every run of target tokens in ds (an assistant turn's content and its end, a text and its EOS,
+ * a completion) as one text, each followed by -1: *ids (malloc'd, the caller frees) holds *n
+ * entries, *texts of them the ends. A speculative corpus (`--spec-corpus`) is made of these. */
+enum status data_target_texts(const struct train_dataset *ds, int32_t **ids, int64_t *n, int64_t *texts);
+
 /* Moves the examples at positions of a seeded permutation's last `percent`% (rounded down,
  * at least 1 when percent > 0 and n > 1) from ds to held_out: the --split held-out set. */
 enum status data_split(struct train_dataset *ds, int percent, uint64_t seed,

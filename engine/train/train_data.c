@@ -28,32 +28,35 @@ int64_t train_iters_for_epochs(const struct train_options *o, struct train_datas
     return n > 0 ? n : 1;
 }
 
-/* The Jinja template that chat examples are rendered with, or *out NULL for a built-in one:
- * --chat-template FILE.jinja, else (no --chat-template) the model's own template when its
- * tokenizer encodes the special tokens a template writes, as the server chooses. */
-static enum status chat_jinja(const struct train_options *o, const struct model *m, const struct tokenizer *tok,
-                              struct jinja_template **out)
+enum status data_chat_options(const char *template_file, int auto_detect, const char *own, const char *start,
+                              const struct tokenizer *tok, struct data_options *dopt, struct jinja_template **jt)
 {
-    *out = NULL;
+    *jt = NULL;
+    if (auto_detect) dopt->chat_template = chat_template_detect(start, tok);
     enum status st;
-    if (o->chat_template_file) {
+    if (template_file) {
         char *src = NULL;
         size_t n = 0;
-        if ((st = base_read_file(o->chat_template_file, 4u << 20, "chat template", &src, &n)) != STATUS_OK) return st;
-        st = jinja_compile(src, n, NULL, out);
+        if ((st = base_read_file(template_file, 4u << 20, "chat template", &src, &n)) != STATUS_OK) return st;
+        st = jinja_compile(src, n, NULL, jt);
         free(src);
-        if (st != STATUS_OK) return status_errorf(st, "--chat-template %s: %s", o->chat_template_file, status_message());
-        return STATUS_OK;
+        if (st != STATUS_OK) return status_errorf(st, "--chat-template %s: %s", template_file, status_message());
+    } else if (auto_detect && own && tokenizer_encodes_special(tok)) {
+        if (jinja_compile(own, strlen(own), NULL, jt) != STATUS_OK) {
+            LOG_WARN("data", "the model's chat template does not compile (%s); chat examples use %s", status_message(),
+                     chat_template_name(dopt->chat_template));
+            *jt = NULL;
+            return STATUS_OK;
+        }
+        LOG_INFO("data", "chat examples: the model's own Jinja template");
     }
-    const char *own = m->checkpoint ? m->checkpoint->chat_template : NULL;
-    if (!o->chat_template_auto || !own || !tokenizer_encodes_special(tok)) return STATUS_OK;
-    if (jinja_compile(own, strlen(own), NULL, out) != STATUS_OK) {
-        LOG_WARN("train", "the model's chat template does not compile (%s); chat examples use %s", status_message(),
-                 chat_template_name(o->data_opt.chat_template));
-        *out = NULL;
-        return STATUS_OK;
+    if (*jt) {
+        const int bos = tokenizer_bos_id(tok), eos = tokenizer_eos_id(tok);
+        const char *b = bos >= 0 ? tokenizer_id_to_piece(tok, bos) : NULL, *e = eos >= 0 ? tokenizer_id_to_piece(tok, eos) : NULL;
+        snprintf(dopt->bos_text, sizeof dopt->bos_text, "%s", b ? b : "");
+        snprintf(dopt->eos_text, sizeof dopt->eos_text, "%s", e ? e : "");
+        dopt->jinja = *jt;
     }
-    LOG_INFO("train", "chat examples: the model's own Jinja template");
     return STATUS_OK;
 }
 
@@ -61,18 +64,10 @@ enum status train_load_data(const struct train_options *o, const char *start, co
                             const struct tokenizer *tok, struct train_dataset *train, struct train_dataset *eval)
 {
     struct data_options dopt = o->data_opt;
-    if (o->chat_template_auto)
-        dopt.chat_template = chat_template_detect(start, tok);
     struct jinja_template *jt = NULL;
-    enum status st = chat_jinja(o, m, tok, &jt);
+    enum status st = data_chat_options(o->chat_template_file, o->chat_template_auto,
+                                       m->checkpoint ? m->checkpoint->chat_template : NULL, start, tok, &dopt, &jt);
     if (st != STATUS_OK) return st;
-    if (jt) {
-        const int bos = tokenizer_bos_id(tok), eos = tokenizer_eos_id(tok);
-        const char *b = bos >= 0 ? tokenizer_id_to_piece(tok, bos) : NULL, *e = eos >= 0 ? tokenizer_id_to_piece(tok, eos) : NULL;
-        snprintf(dopt.bos_text, sizeof dopt.bos_text, "%s", b ? b : "");
-        snprintf(dopt.eos_text, sizeof dopt.eos_text, "%s", e ? e : "");
-        dopt.jinja = jt;
-    }
     st = data_load(o->data, tok, &dopt, train);
     if (st == STATUS_OK && o->eval_data) st = data_load(o->eval_data, tok, &dopt, eval);
     else if (st == STATUS_OK && o->split_percent > 0) st = data_split(train, o->split_percent, o->seed, eval);

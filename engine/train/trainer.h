@@ -107,6 +107,14 @@ enum status train_run(const struct train_options *o);
 struct tokenizer;
 enum status train_load_data(const struct train_options *o, const char *start, const struct model *m,
                             const struct tokenizer *tok, struct train_dataset *train, struct train_dataset *eval);
+/* How chat examples are rendered when data are read for a model (train_data.c): the Jinja
+ * template of template_file (--chat-template FILE.jinja) or, with auto_detect, the model's own
+ * template `own` when its tokenizer encodes the special tokens a template writes (as serving
+ * chooses), else the built-in one chat_template_detect finds from `start` (the model's directory
+ * or file). *jt (or NULL) is set in dopt and freed by the caller after data_load. */
+struct jinja_template;
+enum status data_chat_options(const char *template_file, int auto_detect, const char *own, const char *start,
+                              const struct tokenizer *tok, struct data_options *dopt, struct jinja_template **jt);
 /* Iterations for --epochs: the micro-batches of one pass over the shuffled data, counted by
  * running a cursor through it (packing makes the number depend on the order; scratch receives
  * them), in steps of num_micro. */

@@ -14,13 +14,15 @@ without a draft or above 1, --spec-ngram-min without prompt lookup or above --sp
 errors (exit 2) naming the flags; a draft of another vocabulary fails naming both sizes. With
 --spec-corpus-learn N --spec-corpus-keep FILE the runs learn from each other (the second run's
 answer drafted from the first's, kept in FILE; a tp 2 run under mpirun too), stdout unchanged, a
-file of the user's refused and left as it was; serve
+file of the user's refused and left as it was. With --spec-corpus FILE a given file's texts draft
+(the answer itself: drafted and accepted, stdout unchanged); its flags' refusals; serve
 refuses --speculative draft without --draft-model and the --spec-ngram-min cases too.
 
   test_generate_speculative.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K [--other-vocab GGUF]
 SKIP (77) without the model or numpy (the 2-layer draft is written with it).
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -124,6 +126,24 @@ def main():
                          "--spec-corpus-learn must be a count")):
         rc, _, _, err = gen(a, "x", *extra)
         check(rc == 2 and want in err, f"generate {' '.join(extra)}: usage error (rc {rc}) naming it: {want!r}")
+    # --spec-corpus FILE: drafts from a given file of texts (here the plain answer's continuation itself).
+    given = tmp / "given.jsonl"
+    given.write_text(json.dumps({"text": plain[len(PROMPTS[2]):].strip()}) + "\n")
+    rc, out, counts, err = gen(a, PROMPTS[2], "--speculative", "ngram", "--spec-corpus", str(given))
+    m = re.search(r"the corpus: (\d+) tokens; (\d+) of its drafts verified, (\d+) accepted", err)
+    got = tuple(int(x) for x in m.groups()) if m else None
+    check(rc == 0 and out == plain and got and got[0] > 20 and got[2] > 20,
+          f"--spec-corpus FILE: stdout equals plain generate, the answer drafted from the file (tokens, drafted, "
+          f"accepted: {got}; rc {rc}{': ' + err.strip()[-200:] if rc else ''})")
+    for extra, want in ((["--spec-corpus", str(given)], "need speculation on"),
+                        (["--speculative", "ngram", "--spec-corpus-min", "4"], "need --spec-corpus FILE"),
+                        (["--speculative", "ngram", "--spec-corpus", str(given), "--spec-corpus-p-min", "0"],
+                         "--spec-corpus-p-min must be a number in (0, 1]")):
+        rc, _, _, err = gen(a, "x", *extra)
+        check(rc == 2 and want in err, f"generate {' '.join(extra)}: usage error (rc {rc}) naming it: {want!r}")
+    rc, _, _, err = gen(a, "x", "--speculative", "ngram", "--spec-corpus", str(tmp / "missing.jsonl"))
+    check(rc != 0 and "--spec-corpus" in err and "missing.jsonl" in err,
+          f"generate --spec-corpus of a missing file: fails naming it (rc {rc}): {err.strip()[-160:]!r}")
     notes = tmp / "notes.txt"
     notes.write_text("not a corpus\n")
     rc, _, _, err = gen(a, "x", "--speculative", "ngram", "--spec-corpus-learn", "100", "--spec-corpus-keep", str(notes))
