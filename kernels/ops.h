@@ -103,8 +103,10 @@ struct attention_batch {
     /* A host-side array, NULL = none: row_path[s] != 0 asks that each row of sequence s give
      * the bits it would give as a one-row decode step (speculative verification: a draft's row
      * must score as the token would once accepted, so that greedy output does not change). The
-     * CPU backend then computes the sequence's rows on its row path, not its tiles (another
-     * online-softmax rounding); the CUDA backend ignores it (not made exact there: docs/cuda.md). */
+     * CPU backend's attention needs no mark (a row gives the same bits in a prefill tile as
+     * alone: kernels/cpu/attention.c) and ignores it; the CUDA backend ignores it too (not made
+     * exact there: docs/cuda.md). The model reads the mark for its matrix products
+     * (backend.rows_as_decode). */
     const int32_t *row_path;
     /* A host-side hint, 0 = unknown: an upper bound of every seq_len of the batch. The CUDA
      * split-K decode kernel sizes its splits by it instead of max_blocks * block_tokens (a
@@ -297,7 +299,8 @@ struct backend {
                                     always take the int8 row products, never the dequantized
                                     tiles or AMX; f32 and half-precision weights take the
                                     row-by-row gemv products, never sgemm; attention computes
-                                    every query row as a decode row; docs/determinism.md) */
+                                    every query row as a decode row would, on either of
+                                    its paths; docs/determinism.md) */
     int         rows_as_decode; /* set by model_forward for the one step whose batch holds rows
                                    that verify drafts (forward_batch.seq_row_path), cleared after
                                    it: the matrix products take batch_invariant's paths for that

@@ -266,36 +266,38 @@ static void case_attention(struct suite *s, enum dtype dt, const struct attn_spe
     }
     /* Rows of the comparison are (query row, head). */
     check_close(s, &v, "out", got, want, tol, no, (size_t)D);
-    /* Batch invariance of the CPU's decode rows: each row computed alone (one row: its query
-     * heads split across the threads, parts of a KV group when there are too few groups) is,
-     * bit for bit, the row computed in the batch (the heads kept together). */
-    for (int bi = 0; decode_only && n_seqs > 1 && bi < s->n_backends; bi++) {
+    /* Row invariance on the CPU: each query row computed alone, as a decode row of a sequence that
+     * ends at its position (the row path, its query heads split across the threads), is bit for
+     * bit the row computed in the batch: a decode row beside others (the heads kept together), or
+     * a row of a prefill chunk that took the tiles (the passes of both paths lie at the same
+     * positions, kernels/cpu/attention.c): so a prompt's rows do not change with the prefill's
+     * split or a prefix-cache hit. */
+    for (int bi = 0; n_rows > 1 && bi < s->n_backends; bi++) {
         if (strcmp(s->backend_name[bi], "cpu") != 0) continue;
         struct backend *b = s->backend[bi];
-        const size_t per_row = (size_t)H * D;
-        void *bits_one = case_alloc(s, per_row, dtype_size(dt));
-        for (int i = 0; i < n_seqs; i++) {
-            int32_t one_start[2] = {0, 1}, one_len[1] = {seq_len[i]};
-            struct arena a = {.b = b};
-            struct tensor tq = arena_in(&a, "q", dt, S3(1, H, D), (const char *)q.bits + (size_t)i * per_row * dtype_size(dt));
-            struct tensor tkc = arena_in(&a, "k_cache", dt, S4(n_blocks, bt, Hk, D), kc.bits);
-            struct tensor tvc = arena_in(&a, "v_cache", dt, S4(n_blocks, bt, Hk, D), vc.bits);
-            struct tensor to = arena_out(&a, "out alone", dt, S3(1, H, D), NULL, bits_one);
-            struct attention_batch batch = {
-                .n_seqs = 1, .block_tokens = bt, .max_blocks = max_blocks,
-                .q_start = arena_in(&a, "q_start", DTYPE_I32, S1(2), one_start),
-                .seq_len = arena_in(&a, "seq_len", DTYPE_I32, S1(1), one_len),
-                .block_table = arena_in(&a, "block_table", DTYPE_I32, S2(1, max_blocks), table + (size_t)i * max_blocks),
-                .scale = scale, .window = sp->window, .softcap = (float)softcap, .decode_only = 1,
-            };
-            if (sink != SINK_NONE) batch.sinks = arena_in(&a, "sinks", DTYPE_F32, S1(H), sinks);
-            op_attention(b, &to, &tq, &tkc, &tvc, &batch);
-            arena_finish(&a, &v);
-            double *one = decode(s, bits_one, dt, per_row);
-            char what[64];
-            snprintf(what, sizeof what, "cpu: sequence %d's row alone vs in the batch", i);
-            compare_exact(&v, what, one, got[bi] + (size_t)i * per_row, per_row, (size_t)D, 1);
-        }
+        const size_t per_row = (size_t)H * D, es = dtype_size(dt);
+        void *bits_alone = case_alloc(s, no, es);
+        for (int i = 0; i < n_seqs; i++)
+            for (int t = q_start[i]; t < q_start[i + 1]; t++) {
+                int32_t one_start[2] = {0, 1}, one_len[1] = {seq_len[i] - (q_start[i + 1] - t) + 1};
+                struct arena a = {.b = b};
+                struct tensor tq = arena_in(&a, "q", dt, S3(1, H, D), (const char *)q.bits + (size_t)t * per_row * es);
+                struct tensor tkc = arena_in(&a, "k_cache", dt, S4(n_blocks, bt, Hk, D), kc.bits);
+                struct tensor tvc = arena_in(&a, "v_cache", dt, S4(n_blocks, bt, Hk, D), vc.bits);
+                struct tensor to = arena_out(&a, "out alone", dt, S3(1, H, D), NULL, (char *)bits_alone + (size_t)t * per_row * es);
+                struct attention_batch batch = {
+                    .n_seqs = 1, .block_tokens = bt, .max_blocks = max_blocks,
+                    .q_start = arena_in(&a, "q_start", DTYPE_I32, S1(2), one_start),
+                    .seq_len = arena_in(&a, "seq_len", DTYPE_I32, S1(1), one_len),
+                    .block_table = arena_in(&a, "block_table", DTYPE_I32, S2(1, max_blocks), table + (size_t)i * max_blocks),
+                    .scale = scale, .window = sp->window, .softcap = (float)softcap, .decode_only = 1,
+                };
+                if (sink != SINK_NONE) batch.sinks = arena_in(&a, "sinks", DTYPE_F32, S1(H), sinks);
+                op_attention(b, &to, &tq, &tkc, &tvc, &batch);
+                arena_finish(&a, &v);
+            }
+        compare_exact(&v, "cpu: every row alone (a decode row at its position) vs in the batch", decode(s, bits_alone, dt, no),
+                      got[bi], no, (size_t)D, 0);
     }
     for (int bi = 0; sink == SINK_NEG_HUGE && bi < s->n_backends; bi++) {
         char what[64];

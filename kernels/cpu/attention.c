@@ -21,8 +21,8 @@
  * Work items go to the backend's OpenMP threads dynamically; a sequence's tiles are issued
  * last-first (the causal tiles near the end of a chunk have the most keys), tiles before rows.
  * One work item is never split across threads: a single decode row of a model with one KV head
- * runs on one thread. Under the backend's batch_invariant every row takes the row path, and so
- * do the rows of a sequence that verifies drafts (batch->row_path: speculative decoding).
+ * runs on one thread. A row gives the same bits on either path (ATTN_PASS_KEYS), so neither the
+ * backend's batch_invariant nor batch->row_path (speculative verification) changes the choice.
  * All arithmetic is f32 whatever the storage dtype; the result is rounded once on store.
  * Not here: the inner kernels (attention_portable.c, attention_avx2.c, attention_avx512.c), training attention
  * (attention_train.c).
@@ -36,9 +36,19 @@
 #include "cpu_isa.h"
 #include "cpu_ops.h"
 
-#define ATTN_ROW_KEYS 32    /* keys per pass of the row path */
+/* Keys per pass of both paths. The passes of both lie at the same absolute positions (multiples
+ * of ATTN_PASS_KEYS), so that a query vector's online softmax meets the same passes, rescales at
+ * the same keys and sums each pass's terms in the same order whichever path takes its row: a row
+ * gives the same bits in a tile as alone (a prompt's rows do not change with the prefill's split,
+ * a prefix-cache hit, or a speculative verification beside them). Keys a vector does not attend
+ * within a pass add exact zeros (a score of 0 times a finite value). 32: the row path's pass,
+ * tuned for decode (64 cost the Llama-7B-like decode of tests/bench_attention.c 1.4x on the Xeon
+ * of 2026-12-05); the tiles' 64-key passes of before gave prefill 2-8 % more (gemma3 203 against
+ * 198 GFLOP/s, llama7b 156 against 144, three alternating runs), the price of the rows' bits. */
+#define ATTN_PASS_KEYS 32
+#define ATTN_ROW_KEYS ATTN_PASS_KEYS
+#define ATTN_KEY_TILE ATTN_PASS_KEYS
 #define ATTN_TILE_QV 128    /* query vectors (rows x group heads) per tile, at most */
-#define ATTN_KEY_TILE 64    /* keys per pass of a tile */
 #define ATTN_TILE_MIN_QV 16 /* a sequence's rows go through tiles from this many query vectors */
 /* The row path prefetches when its rows read at least this many K+V bytes in one call (see
  * prefetch_rows). */
@@ -77,8 +87,6 @@ struct attn_ctx {
     size_t                        row;       /* elements per cache slot: n_kv * hd */
     int64_t                       row_kv;    /* KV heads per work item of the row path */
     int                           prefetch;  /* the row path prefetches its next pass */
-    int                           invariant; /* backend batch_invariant: every row by the row path */
-    const int32_t                *row_path;  /* batch->row_path (host, or NULL): these sequences' rows too */
 };
 
 /* The first cache position that position pos attends to (its window's start, or 0). */
@@ -88,11 +96,18 @@ static int64_t first_key(const struct attn_ctx *c, int64_t pos)
     return w > 0 && pos - w + 1 > 0 ? pos - w + 1 : 0;
 }
 
+/* The first key of the pass that holds position pos's first key: passes lie at multiples of
+ * ATTN_PASS_KEYS in both paths. */
+static int64_t first_pass(const struct attn_ctx *c, int64_t pos)
+{
+    return first_key(c, pos) / ATTN_PASS_KEYS * ATTN_PASS_KEYS;
+}
+
 /* Whether sequence s's rows go through tiles. */
 static int uses_tiles(const struct attn_ctx *c, int s)
 {
     const int64_t n_new = c->q_start[s + 1] - c->q_start[s];
-    return !c->invariant && !(c->row_path && c->row_path[s]) && n_new >= 2 && n_new * c->group >= ATTN_TILE_MIN_QV;
+    return n_new >= 2 && n_new * c->group >= ATTN_TILE_MIN_QV;
 }
 
 /* The element offsets of the cache slots of the np positions from p0 (blocks: the sequence's
@@ -237,8 +252,10 @@ static void attend_row(const struct attn_ctx *c, float *ws, int s, int64_t t, in
     }
     memset(acc, 0, (size_t)(nh * hd) * sizeof(float));
 
-    for (int64_t p0 = first_key(c, pos); p0 <= pos; p0 += ATTN_ROW_KEYS) {
+    const int64_t lo = first_key(c, pos);
+    for (int64_t p0 = first_pass(c, pos); p0 <= pos; p0 += ATTN_ROW_KEYS) {
         const int np = (int)(pos + 1 - p0 < ATTN_ROW_KEYS ? pos + 1 - p0 : ATTN_ROW_KEYS);
+        const int a = (int)(lo > p0 ? lo - p0 : 0); /* keys before the window's start: a score of 0 */
         const int64_t p1 = p0 + ATTN_ROW_KEYS; /* the next pass */
         if (c->prefetch && p1 <= pos) {
             const int np1 = (int)(pos + 1 - p1 < ATTN_ROW_KEYS ? pos + 1 - p1 : ATTN_ROW_KEYS);
@@ -250,14 +267,16 @@ static void attend_row(const struct attn_ctx *c, float *ws, int s, int64_t t, in
         for (int64_t j = 0; j < nkv; j++) {
             float *qj = qb + j * group * hd, *aj = acc + j * group * hd;
             float *sj = sc + j * group * ATTN_ROW_KEYS;
-            cache_rows(c, c->k_cache, slots, kv0 + j, np, kb, kp);
-            c->kt->scores(qj, (int)group, (int)hd, kp, np, sj, ATTN_ROW_KEYS);
+            /* Only keys a .. np - 1 are read: the zeros before them would add nothing (a tile
+             * adds them, to the same bits). */
+            cache_rows(c, c->k_cache, slots + a, kv0 + j, np - a, kb, kp);
+            c->kt->scores(qj, (int)group, (int)hd, kp, np - a, sj + a, ATTN_ROW_KEYS);
             for (int64_t g = 0; g < group; g++) {
                 const int64_t i = j * group + g;
-                softmax_step(c->kt, sj + g * ATTN_ROW_KEYS, np, 0, np - 1, &mx[i], &l[i], aj + g * hd, hd, c->batch->softcap);
+                softmax_step(c->kt, sj + g * ATTN_ROW_KEYS, np, a, np - 1, &mx[i], &l[i], aj + g * hd, hd, c->batch->softcap);
             }
-            cache_rows(c, c->v_cache, slots, kv0 + j, np, vb, vp);
-            c->kt->accumulate(aj, (int)group, (int)hd, sj, ATTN_ROW_KEYS, vp, np);
+            cache_rows(c, c->v_cache, slots + a, kv0 + j, np - a, vb, vp);
+            c->kt->accumulate(aj, (int)group, (int)hd, sj + a, ATTN_ROW_KEYS, vp, np - a);
         }
     }
     for (int64_t i = 0; i < nh; i++) store_output(c, t, kv0 * group + i, acc + i * hd, l[i], tmp);
@@ -295,7 +314,7 @@ static void attend_tile(const struct attn_ctx *c, float *ws, int s, int64_t t0, 
     for (int64_t i = 0; i < m; i++) softmax_init(c, kvh * group + i % group, &mx[i], &l[i]);
     memset(acc, 0, (size_t)(m * hd) * sizeof(float));
 
-    for (int64_t p0 = first_key(c, pos0); p0 <= pos_last; p0 += ATTN_KEY_TILE) {
+    for (int64_t p0 = first_pass(c, pos0); p0 <= pos_last; p0 += ATTN_KEY_TILE) {
         const int np = (int)(pos_last + 1 - p0 < ATTN_KEY_TILE ? pos_last + 1 - p0 : ATTN_KEY_TILE);
         size_t slots[ATTN_KEY_TILE];
         slot_offsets(c, blocks, p0, np, slots);
@@ -366,12 +385,6 @@ void cpu_attention(struct backend *b, const struct tensor *out, const struct ten
         .table = batch->block_table.data, .sinks = batch->sinks.data,
         .n_heads = q->shape[1], .hd = q->shape[2], .n_kv = k_cache->shape[2],
         .bt = batch->block_tokens,
-        /* Under batch_invariant a row's result must not depend on how many rows of its sequence
-         * come in the step (a prefill chunk's size, a speculative verification's drafts): the
-         * tiles visit keys in other passes than the row path (another online-softmax rounding),
-         * so every row takes the row path, as a decode row does. */
-        .invariant = b->batch_invariant,
-        .row_path = batch->row_path,
     };
     c.group = c.n_heads / c.n_kv;
     c.tile_rows = ATTN_TILE_QV / c.group > 1 ? ATTN_TILE_QV / c.group : 1;
