@@ -9,6 +9,9 @@ tokens as the probe answered alone on a fresh server. Axes (one server each unle
   threads       --threads 2 instead of 1
   speculation   --speculative ngram (prompt lookup drafts, verified by sampling)
   tp2           mpirun -n 2 serve --tp 2 (stories260K only: the GGUF's tp split is not built)
+Without --batch-invariant the GGUF's probe must also give bit-identical log-probabilities whole, on
+a prefix-cache hit and in chunks of 4 rows (prompt_rows: its products are row-invariant below the
+AMX tiles' 96 rows, and attention's paths give the same bits).
 Models: stories260K (f32, converted from the assets) and SmolLM2-135M-Instruct Q4_1 (GGUF served
 as blocks; SKIPped with a message when .cache lacks it). Tokens are asserted; the log-probabilities'
 largest difference to the reference is printed per axis (bit-identical where the rows were computed
@@ -47,8 +50,8 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
           "required": ["name", "age"]}
 
 
-def probe(oa, model):
-    r = oa.completions.create(model=model, **PROBE)
+def probe(oa, model, **change):
+    r = oa.completions.create(model=model, **{**PROBE, **change})
     return r.choices[0].text, r.choices[0].logprobs.token_logprobs
 
 
@@ -91,9 +94,9 @@ def crowd(oa, model, n_others, constrained):
     return out.get("r", (None, None))
 
 
-def serve(shardlm, model, name, *extra, launcher=()):
-    srv = TS.Server(shardlm, model, "--batch-invariant", "--max-seqs", "16", *extra, name=name, http=True,
-                    launcher=launcher)
+def serve(shardlm, model, name, *extra, launcher=(), invariant=True):
+    srv = TS.Server(shardlm, model, *(("--batch-invariant",) if invariant else ()), "--max-seqs", "16", *extra,
+                    name=name, http=True, launcher=launcher)
     return srv, openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
 
 
@@ -132,6 +135,36 @@ def matrix(shardlm, model, name, tp2):
                   + ("" if first is None else f" (the first difference at token {first})"))
 
 
+def prompt_rows(shardlm, model, name):
+    """Without --batch-invariant, on a GGUF whose block products are the int8 row products at every
+    row count below 96 (every CPU without AMX, and AMX ones below the tiles' 96 rows), a prompt's
+    rows must not depend on how it was prefilled: whole, from the prefix cache, or in chunks of 8
+    rows (4: attention's row path). Attention gave the rows of a chunk of 16 query vectors or more other bits than those of
+    a shorter one until its two paths' key passes were aligned (2026-12-05)."""
+    served = Path(model).name
+    results = {}
+    # About 60 tokens: the rows see more than one pass of 32 keys (within one pass the paths agreed
+    # before too), fewer than the 96 rows from which AMX CPUs take the tiles for blocks.
+    long_prompt = PROMPT + " saw a big red ball under a tree. She ran to get it, but a small dog got there first, and"
+    srv, oa = serve(shardlm, model, f"{name}-plain", invariant=False)
+    with srv:
+        results["whole"] = probe(oa, served, prompt=long_prompt)
+        results["prefix_hit"] = probe(oa, served, prompt=long_prompt)
+    # Chunks of 4 rows: 12 query vectors (SmolLM2's 3 per KV head), below the tiles' 16, so these
+    # rows take attention's row path where the whole prompt took the tiles.
+    srv, oa = serve(shardlm, model, f"{name}-plain-chunked", "--max-batch-tokens", "4", "--max-seqs", "4",
+                    invariant=False)
+    with srv:
+        results["chunked"] = probe(oa, served, prompt=long_prompt)
+    ref_txt, ref_lp = results["whole"]
+    for axis in ("prefix_hit", "chunked"):
+        txt, lp = results[axis]
+        first = next((i for i, (x, y) in enumerate(zip(lp or [], ref_lp or [])) if x != y), None)
+        check(txt == ref_txt and lp == ref_lp and lp, f"{name} without --batch-invariant, {axis}: the same tokens and "
+              f"bit-identical log-probabilities as the prompt prefilled whole"
+              + ("" if first is None else f" (the first difference at token {first})"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -150,6 +183,7 @@ def main():
         matrix(a.shardlm, work / "stories260K", "stories260K", tp2=shutil.which("mpirun") is not None)
         if a.gguf and os.path.exists(a.gguf):
             matrix(a.shardlm, Path(a.gguf), "smollm2-q4_1", tp2=False)
+            prompt_rows(a.shardlm, Path(a.gguf), "smollm2-q4_1")
         else:
             print(f"SKIP smollm2-q4_1: no GGUF at {a.gguf!r} (tools/fetch_smollm2.sh)")
     finally:
