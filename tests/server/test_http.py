@@ -402,7 +402,10 @@ def group_nul(env):
 
 
 def group_disconnect(env):
-    with Server(env.shardlm, env.model, name="disconnect") as srv, srv.grpc() as g:
+    # Each step waits 3 ms (a test hook): the requests below must still run when their clients go,
+    # however fast the CPU (stories260K's 16 x 480 tokens take well under a second on some).
+    with Server(env.shardlm, env.model, name="disconnect", env={**os.environ, "SHARDLM_TEST_STEP_DELAY_MS": "3"}) as srv, \
+            srv.grpc() as g:
         oa = srv.openai()
         oa.completions.create(model=MODEL, prompt="hi", max_tokens=2)
         base = wait_until(lambda: settled(g), "idle stats")
