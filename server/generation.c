@@ -660,6 +660,7 @@ enum status gen_build(struct server *s, const uint8_t *data, size_t len, int is_
     *ids = NULL;
     *n_ids = 0;
     enum status st = convert_gen_request(data, len, is_chat, r);
+    r->params.owner = owner;
     if (st == STATUS_OK) st = check_adapter(s, r, owner);
     /* The model first: the prompt is its tokenizer's and its template's. */
     if (st == STATUS_OK) st = server_route(s, r->adapter, m);
@@ -734,6 +735,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
         deadline_unix = (double)now.tv_sec + now.tv_nsec * 1e-9 + left;
     }
     r.params.client = c->client;
+    r.params.owner = c->owner; /* its learned answers draft for its owner alone (engine.h) */
     if (st == STATUS_OK) st = gen_resolve_adapter(c->m, &r);
     if (st == STATUS_OK) st = engine_validate(c->m->engine, ids, n_ids, &r.params);
     if (st == STATUS_OK) {

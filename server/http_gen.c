@@ -441,6 +441,7 @@ enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, c
     g->m = q->model ? q->model : &s->models[0];
     if (q->model) server_pin(s, q->model); /* the handler's pin ends with the handler */
     g->q = *q;
+    g->q.r.params.owner = g->q.owner; /* its learned answers draft for its owner alone (engine.h) */
     g->fd = fd;
     g->created = (long long)time(NULL);
     g->t_submit = base_now_s();

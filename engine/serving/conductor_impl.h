@@ -65,6 +65,8 @@ struct conductor {
     int64_t  corpus_given;       /* its first ids, the given corpus's (never forgotten); the learned after */
     int32_t *learn;              /* (learn_cap) finished outputs not yet in corpus (spec_corpus_learn) */
     int64_t  n_learn, learn_cap;
+    uint32_t *learn_scope;       /* (learn_scope_cap) each of those texts' scope (request.spec_scope) */
+    int64_t  n_learn_texts, learn_scope_cap;
     int      corpus_kept;        /* spec_corpus_keep's file was read (or absent) at start: write it back at the end */
     double   keep_written_s;     /* when it was last written (base_now_s); keep_every_s apart at least while serving */
     double   keep_every_s;       /* SPEC_KEEP_EVERY_S (SHARDLM_TEST_SPEC_KEEP_EVERY_S) */
@@ -76,6 +78,7 @@ struct conductor {
     int       keep_thread_live;  /* keep_thread was started and not joined yet */
     _Atomic int keep_thread_done;
     int32_t  *keep_job;
+    uint32_t *keep_job_scope;    /* (keep_job_n) each id's text's scope */
     int64_t   keep_job_n;
     float   *spec_q, *spec_p;
     float   *eagle_hidden;       /* EAGLE: the step's hidden states, (max_batch_tokens, d_model): on the

@@ -240,6 +240,7 @@ void conductor_free(struct conductor *c)
     spec_keep_save(c); /* the thread has stopped (conductor_drain) */
     spec_corpus_free(c->corpus);
     free(c->learn);
+    free(c->learn_scope);
     free(c->spec_q);
     free(c->spec_p);
     free(c->eagle_hidden);

@@ -238,9 +238,16 @@ void spec_learn(struct conductor *c, const struct seq *s, enum finish_reason why
         if (!grown) return; /* out of memory: this answer is not learned, nothing else changes */
         c->learn = grown, c->learn_cap = cap;
     }
+    if (c->n_learn_texts + 1 > c->learn_scope_cap) {
+        const int64_t cap = 2 * (c->n_learn_texts + 1);
+        uint32_t *grown = realloc(c->learn_scope, (size_t)cap * sizeof *grown);
+        if (!grown) return;
+        c->learn_scope = grown, c->learn_scope_cap = cap;
+    }
     memcpy(c->learn + c->n_learn, s->tokens + r->n_prompt - lead, (size_t)n * sizeof *c->learn);
     c->n_learn += n;
     c->learn[c->n_learn++] = -1;
+    c->learn_scope[c->n_learn_texts++] = r->spec_scope; /* its owner's and adapter's alone */
 }
 
 /* learn_join moves the kept outputs into the corpus, then forgets the oldest learned texts while
@@ -253,9 +260,9 @@ void spec_learn(struct conductor *c, const struct seq *s, enum finish_reason why
 #define SPEC_LEARN_BATCH 4096
 static enum status learn_join(struct conductor *c, int64_t slack)
 {
-    enum status st = c->corpus ? spec_corpus_append(c->corpus, c->learn, c->n_learn)
-                               : spec_corpus_new(c->learn, c->n_learn, &c->corpus);
-    c->n_learn = 0;
+    enum status st = c->corpus ? spec_corpus_append(c->corpus, c->learn, c->n_learn, c->learn_scope)
+                               : spec_corpus_new(c->learn, c->n_learn, c->learn_scope, &c->corpus);
+    c->n_learn = 0, c->n_learn_texts = 0;
     if (st != STATUS_OK) {
         if (!c->learn_failed) LOG_WARN("engine", "speculative corpus: answers not learned: %s", status_message());
         c->learn_failed = 1; /* said once */
@@ -294,26 +301,35 @@ enum status spec_keep_load(struct conductor *c)
     const char *path = c->o.spec_corpus_keep;
     if (!path || !conductor_is_first_rank(c)) return STATUS_OK;
     int32_t *ids = NULL;
+    uint32_t *scopes = NULL; /* one per text; NULL: a file of version 1, every text of scope 0 */
     int64_t n = 0;
     c->keep_fingerprint = tokenizer_fingerprint(c->tok);
-    enum status st = spec_corpus_file_read(path, c->m->cfg.vocab_size, c->keep_fingerprint, &ids, &n);
+    enum status st = spec_corpus_file_read(path, c->m->cfg.vocab_size, c->keep_fingerprint, &ids, &scopes, &n);
     if (st != STATUS_OK) return status_errorf(st, "--spec-corpus-keep: %s", status_message());
     /* The newest kept texts, up to spec_corpus_learn ids (dropped before the index is made); an
      * error here (memory) fails the start, so that the file is not written back emptied. */
-    int64_t from = 0;
-    for (int64_t i = 0; n - from > c->o.spec_corpus_learn && i < n; i++)
-        if (ids[i] < 0) from = i + 1;
-    if (n - from > 0) { /* before the engine starts nothing waits to be learned: the kept texts take the buffer */
+    int64_t from = 0, texts_from = 0, texts = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 && (texts++, n - from > c->o.spec_corpus_learn)) from = i + 1, texts_from = texts;
+    if (n - from > 0) { /* before the engine starts nothing waits to be learned: the kept texts take the buffers */
         memmove(ids, ids + from, (size_t)(n - from) * sizeof *ids);
-        free(c->learn);
+        if (!scopes) scopes = calloc((size_t)(texts - texts_from), sizeof *scopes);
+        else memmove(scopes, scopes + texts_from, (size_t)(texts - texts_from) * sizeof *scopes);
+        if (!scopes) {
+            free(ids);
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "--spec-corpus-keep %s: out of host memory", path);
+        }
+        free(c->learn), free(c->learn_scope);
         c->learn = ids, c->n_learn = n - from, c->learn_cap = n - from;
-        ids = NULL;
+        c->learn_scope = scopes, c->n_learn_texts = texts - texts_from, c->learn_scope_cap = texts - texts_from;
+        ids = NULL, scopes = NULL;
         st = learn_join(c, 0);
-        free(c->learn); /* the file's size, not kept for the engine's life */
-        c->learn = NULL, c->learn_cap = 0;
+        free(c->learn), free(c->learn_scope); /* the file's size, not kept for the engine's life */
+        c->learn = NULL, c->learn_cap = 0, c->learn_scope = NULL, c->learn_scope_cap = 0;
         if (st != STATUS_OK) return status_errorf(st, "--spec-corpus-keep %s: %s", path, status_message());
     }
     free(ids);
+    free(scopes);
     c->corpus_kept = 1;
     const char *every = getenv("SHARDLM_TEST_SPEC_KEEP_EVERY_S"); /* tests: a write at every join */
     c->keep_every_s = every ? atof(every) : SPEC_KEEP_EVERY_S;
@@ -324,9 +340,10 @@ enum status spec_keep_load(struct conductor *c)
 }
 
 /* Writes the learned ids to the kept file; a failure is a warning (the server goes on). */
-static enum status keep_write(const struct conductor *c, const int32_t *ids, int64_t n)
+static enum status keep_write(const struct conductor *c, const int32_t *ids, const uint32_t *scope, int64_t n)
 {
-    enum status st = spec_corpus_file_write(c->o.spec_corpus_keep, c->m->cfg.vocab_size, c->keep_fingerprint, ids, n);
+    enum status st = spec_corpus_file_write(c->o.spec_corpus_keep, c->m->cfg.vocab_size, c->keep_fingerprint, ids,
+                                            scope, n);
     if (st != STATUS_OK) LOG_WARN("engine", "--spec-corpus-keep: the learned corpus was not kept: %s", status_message());
     return st;
 }
@@ -334,7 +351,7 @@ static enum status keep_write(const struct conductor *c, const int32_t *ids, int
 static void *keep_writer(void *arg)
 {
     struct conductor *c = arg;
-    keep_write(c, c->keep_job, c->keep_job_n);
+    keep_write(c, c->keep_job, c->keep_job_scope, c->keep_job_n);
     atomic_store(&c->keep_thread_done, 1);
     return NULL;
 }
@@ -346,8 +363,8 @@ static int keep_writer_join(struct conductor *c, int wait)
     if (!wait && !atomic_load(&c->keep_thread_done)) return 0;
     pthread_join(c->keep_thread, NULL);
     c->keep_thread_live = 0;
-    free(c->keep_job);
-    c->keep_job = NULL;
+    free(c->keep_job), free(c->keep_job_scope);
+    c->keep_job = NULL, c->keep_job_scope = NULL;
     return 1;
 }
 
@@ -358,13 +375,16 @@ void spec_keep_write_async(struct conductor *c)
     int64_t n = 0;
     const int32_t *ids = c->corpus ? spec_corpus_id_data(c->corpus, c->corpus_given, &n) : NULL;
     c->keep_job = malloc((size_t)(n ? n : 1) * sizeof *c->keep_job);
-    if (!c->keep_job) return; /* out of memory: written at the end instead */
-    if (n) memcpy(c->keep_job, ids, (size_t)n * sizeof *ids);
+    c->keep_job_scope = malloc((size_t)(n ? n : 1) * sizeof *c->keep_job_scope);
+    if (c->keep_job && c->keep_job_scope && n) {
+        memcpy(c->keep_job, ids, (size_t)n * sizeof *ids);
+        memcpy(c->keep_job_scope, spec_corpus_scope_data(c->corpus, c->corpus_given), (size_t)n * sizeof *c->keep_job_scope);
+    }
     c->keep_job_n = n;
     atomic_store(&c->keep_thread_done, 0);
-    if (pthread_create(&c->keep_thread, NULL, keep_writer, c) != 0) {
-        free(c->keep_job); /* no thread: written at the end instead */
-        c->keep_job = NULL;
+    if (!c->keep_job || !c->keep_job_scope || pthread_create(&c->keep_thread, NULL, keep_writer, c) != 0) {
+        free(c->keep_job), free(c->keep_job_scope); /* out of memory, no thread: written at the end instead */
+        c->keep_job = NULL, c->keep_job_scope = NULL;
         return;
     }
     c->keep_thread_live = 1;
@@ -377,7 +397,8 @@ void spec_keep_save(struct conductor *c)
     if (c->n_learn) learn_join(c, c->o.spec_corpus_learn / 4);
     int64_t n = 0;
     const int32_t *ids = c->corpus ? spec_corpus_id_data(c->corpus, c->corpus_given, &n) : NULL;
-    if (keep_write(c, ids, n) == STATUS_OK) LOG_INFO("engine", "speculative corpus: %lld learned ids kept in %s", (long long)n, c->o.spec_corpus_keep);
+    const uint32_t *scope = c->corpus ? spec_corpus_scope_data(c->corpus, c->corpus_given) : NULL;
+    if (keep_write(c, ids, scope, n) == STATUS_OK) LOG_INFO("engine", "speculative corpus: %lld learned ids kept in %s", (long long)n, c->o.spec_corpus_keep);
 }
 
 /* Before planning: the answers a learning corpus kept join it (learn_flush); every sequence's
@@ -435,8 +456,8 @@ void speculate(struct conductor *c)
         int32_t *room_at = s->tokens + s->n_tokens, from_corpus[SPEC_CORPUS_SPAN];
         int matched = 0, k_corpus = 0, k = 0, from = 0;
         if (c->corpus)
-            k_corpus = spec_corpus_draft(c->corpus, s->tokens, s->n_tokens, corpus_min, corpus_p_min, max, from_corpus,
-                                         &matched);
+            k_corpus = spec_corpus_draft(c->corpus, s->tokens, s->n_tokens, corpus_min, corpus_p_min, max,
+                                         r->spec_scope, from_corpus, &matched);
         if (k_corpus <= 0 || matched < SPEC_CORPUS_FIRST_MATCH) {
             k = !c->draft.m || c->o.spec_lookup_first ? lookup_draft(s, ngram, ngram_min, max, room_at) : 0;
             from = k > 0 ? SPEC_FROM_LOOKUP : 0;
@@ -472,11 +493,24 @@ enum status conductor_set_spec_corpus(struct conductor *c, const int32_t *ids, i
             return status_errorf(STATUS_INVALID_ARGUMENT, "speculative corpus: id %d at %lld is outside the vocabulary (%d)",
                                  ids[i], (long long)i, V);
     struct spec_corpus *corpus = NULL;
-    enum status st = spec_corpus_new(ids, n, &corpus);
+    enum status st = spec_corpus_new(ids, n, NULL, &corpus); /* the given texts draft for every request */
     int64_t n_kept = 0; /* texts read from --spec-corpus-keep's file (conductor_create) go after the given */
     const int32_t *kept = c->corpus ? spec_corpus_id_data(c->corpus, c->corpus_given, &n_kept) : NULL;
-    if (st == STATUS_OK && n_kept && (st = spec_corpus_append(corpus, kept, n_kept)) != STATUS_OK) spec_corpus_free(corpus);
-    if (st != STATUS_OK) return st;
+    if (st == STATUS_OK && n_kept) { /* with their scopes: each text's, at its end */
+        const uint32_t *per_id = spec_corpus_scope_data(c->corpus, c->corpus_given);
+        int64_t texts = 0;
+        for (int64_t i = 0; i < n_kept; i++) texts += kept[i] < 0;
+        uint32_t *scopes = malloc((size_t)texts * sizeof *scopes);
+        if (!scopes) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "speculative corpus: out of host memory");
+        for (int64_t i = 0, t = 0; scopes && i < n_kept; i++)
+            if (kept[i] < 0) scopes[t++] = per_id[i];
+        if (st == STATUS_OK) st = spec_corpus_append(corpus, kept, n_kept, scopes);
+        free(scopes);
+    }
+    if (st != STATUS_OK) {
+        spec_corpus_free(corpus);
+        return st;
+    }
     spec_corpus_free(c->corpus);
     c->corpus = corpus;
     c->corpus_given = spec_corpus_ids(corpus) - n_kept;

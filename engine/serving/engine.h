@@ -304,6 +304,11 @@ struct request_params {
     const char *client;               /* who asked (an API key's name, a connection's peer, a
                                          user field), for SCHEDULING_FAIR: samples of one
                                          client share its turn; NULL or "" = one anonymous client */
+    const char *owner;                /* the API key's owner that the server authenticated (NULL or
+                                         "" without API keys): a learned speculative corpus drafts
+                                         for a request only from the answers of the same owner and
+                                         adapter (--spec-corpus-learn; a self-declared `user` is
+                                         not an owner) */
     int      priority;                /* SCHEDULING_PRIORITY: lower runs first (vLLM's
                                          convention); must be 0 under the other policies */
     enum speculative_mode speculative; /* whether this request's samples may draft when the

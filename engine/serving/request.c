@@ -289,6 +289,17 @@ void request_free(struct request *r)
     free(r);
 }
 
+/* The scope of a learned answer (spec_corpus.h): FNV-1a of the owner and the adapter, folded to 32
+ * bits; 0 is the given corpus's (every request's), so never 0. */
+static uint32_t spec_scope(const char *owner, const char *adapter)
+{
+    uint64_t h = base_fnv1a_str(BASE_FNV1A_BASIS, owner ? owner : "");
+    h = base_fnv1a(h, "", 1); /* the two names' border */
+    h = base_fnv1a_str(h, adapter ? adapter : "");
+    const uint32_t s = (uint32_t)(h ^ (h >> 32));
+    return s ? s : 1;
+}
+
 /* FNV-1a of the client's name; 0 is kept for "none given". */
 static uint64_t client_key(const char *client)
 {
@@ -344,6 +355,8 @@ enum status request_new(const int32_t *prompt, int n_prompt, const struct reques
     r->p.logit_bias_values = NULL;
     r->live_samples = p->n;
     r->adapter = -1;
+    r->spec_scope = spec_scope(p->owner, p->adapter);
+    r->p.owner = NULL;   /* borrowed: only its hash is kept */
     r->p.adapter = NULL; /* borrowed: resolved into adapter / adapter_key at submission */
     r->client_key = client_key(p->client);
     r->p.client = NULL;  /* borrowed: only its hash is kept */

@@ -142,6 +142,8 @@ struct request {
     uint64_t adapter_key;         /* 0 for the base, else unique to the adapter: the prefix-cache
                                      hash chains start from it, so no KV is shared across adapters */
     int      adapter_held;        /* the adapter set counts this request (conductor.c) */
+    uint32_t spec_scope;          /* p.owner's and p.adapter's (never 0): a learned speculative corpus
+                                     drafts for a request only from its scope's answers (spec_corpus.h) */
     uint64_t client_key;          /* a hash of p.client (0: none given), the unit of
                                      SCHEDULING_FAIR; a collision merges two clients' turns */
     struct request *next_all;     /* the conductor's list of live requests */

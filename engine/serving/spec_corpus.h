@@ -14,7 +14,11 @@
  * over |S| times the shares of the drafts before it is at least p_min; S keeps the occurrences
  * that go on with it, o grows by one, up to max drafts. Drafting stops at the first position
  * that fails. Deterministic: no sampling, so a draft is verified as prompt lookup's are
- * (conductor_speculate.c: one-hot q, the target's distribution kept exactly). */
+ * (conductor_speculate.c: one-hot q, the target's distribution kept exactly).
+ * Scopes: each text has one (a uint32; 0: every request's). A request of scope s drafts only from
+ * the texts of scope 0 or s: the occurrences above are those of such texts alone (the rule is the
+ * same on them). The engine gives a learned answer its request's scope (the API key's owner and
+ * the adapter, conductor_speculate.c), so that one tenant's answers never speed up another's. */
 #ifndef SHARDLM_SPEC_CORPUS_H
 #define SHARDLM_SPEC_CORPUS_H
 
@@ -35,14 +39,16 @@ struct spec_corpus;
 
 /* An index over texts given back to back in ids[0..n): each text ends with a -1, every other id
  * is >= 0 (STATUS_INVALID_ARGUMENT otherwise, and for n < 2 or a last id that is not -1). The
- * ids are copied. O(n log n) comparisons of at most SPEC_CORPUS_SPAN tokens. */
-enum status spec_corpus_new(const int32_t *ids, int64_t n, struct spec_corpus **out);
+ * ids are copied; text t is of scope text_scope[t] (NULL: all 0). O(n log n) comparisons of at
+ * most SPEC_CORPUS_SPAN tokens. */
+enum status spec_corpus_new(const int32_t *ids, int64_t n, const uint32_t *text_scope, struct spec_corpus **out);
 void spec_corpus_free(struct spec_corpus *c); /* accepts NULL */
 
-/* Adds texts ids[0..n) (as spec_corpus_new's, checked alike) after c's: the index becomes the one
+/* Adds texts ids[0..n) (as spec_corpus_new's, checked alike) after c's, text t of scope
+ * text_scope[t] (NULL: all 0): the index becomes the one
  * spec_corpus_new would make of all of them; O(N + n log n) (N: c's ids). On an error c is
  * unchanged. Not while another thread reads c. */
-enum status spec_corpus_append(struct spec_corpus *c, const int32_t *ids, int64_t n);
+enum status spec_corpus_append(struct spec_corpus *c, const int32_t *ids, int64_t n, const uint32_t *text_scope);
 /* Drops whole texts from the one that starts at id from (0, or just after a -1) on, as few as
  * hold at least n_min ids (those to the end at most); the later texts move down. Returns the ids
  * dropped (0 when from is no text's start or n_min <= 0). O(N). Not while another thread reads c. */
@@ -55,25 +61,32 @@ int64_t spec_corpus_texts(const struct spec_corpus *c);
 /* c's ids from position from on (a text's start: 0, or just after a -1) to the end: *n of them at
  * *ids, c's own memory, valid until c changes. */
 const int32_t *spec_corpus_id_data(const struct spec_corpus *c, int64_t from, int64_t *n);
+/* The scopes of the same ids (each id's text's), c's own memory. */
+const uint32_t *spec_corpus_scope_data(const struct spec_corpus *c, int64_t from);
 
 /* A kept corpus (`serve --spec-corpus-keep FILE`, docs/speculative.md "A learned corpus kept
  * across restarts"): texts as spec_corpus_new takes them, in a file of this layout (little-endian):
- *   "SHLMSPC1"  u32 version (1)  i32 vocab  u64 tokenizer fingerprint  u64 n
- *   i32 ids[n]  u64 FNV-1a 64 of the ids' bytes
+ *   "SHLMSPC1"  u32 version (2)  i32 vocab  u64 tokenizer fingerprint  u64 n
+ *   i32 ids[n]  u32 scope[T] (each of the T texts', in order)  u64 FNV-1a 64 of ids' and scopes' bytes
+ * (version 1, written before scopes, has no scope[]: read as every text of scope 0).
  * spec_corpus_file_write writes a temporary of its own beside PATH (mode 0600), syncs it and
  * renames it over PATH. A file that is there but is no such file (another magic: a file of the
  * user's, never overwritten) is refused (STATUS_FAILED_PRECONDITION), as one for another
  * vocabulary or tokenizer; a cut, altered or other-version one is STATUS_BAD_FORMAT.
- * spec_corpus_file_read: *ids (malloc'd) and *n; *ids NULL and *n 0 when PATH is not there or
- * empty. */
-enum status spec_corpus_file_read(const char *path, int32_t vocab, uint64_t fingerprint, int32_t **ids, int64_t *n);
+ * spec_corpus_file_read: *ids (malloc'd) and *n, *text_scope (malloc'd, one per text; NULL for a
+ * version 1 file or no text); *ids NULL and *n 0 when PATH is not there or empty.
+ * spec_corpus_file_write: scope[i] is id i's text's (per id, as spec_corpus_scope_data; NULL: 0). */
+enum status spec_corpus_file_read(const char *path, int32_t vocab, uint64_t fingerprint, int32_t **ids,
+                                  uint32_t **text_scope, int64_t *n);
 enum status spec_corpus_file_write(const char *path, int32_t vocab, uint64_t fingerprint, const int32_t *ids,
-                                   int64_t n);
+                                   const uint32_t *scope, int64_t n);
 
-/* The drafts for the context ctx[0..n_ctx) by the rule above (n_min >= 1, p_min in [0, 1]), at
- * most max (<= SPEC_CORPUS_SPAN - SPEC_CORPUS_MAX_MATCH) of them into out; their count, 0 when
- * none. *matched (may be NULL) gets n*, 0 when no match. Reads only: safe from several threads. */
+/* The drafts for the context ctx[0..n_ctx) of a request of scope `scope` by the rule above
+ * (n_min >= 1, p_min in [0, 1]), at most max (<= SPEC_CORPUS_SPAN - SPEC_CORPUS_MAX_MATCH) of
+ * them into out; their count, 0 when none. *matched (may be NULL) gets n*, 0 when no match. Reads
+ * only: safe from several threads. With scoped texts each step scans the occurrences' range: a
+ * match of few tokens in a large corpus costs its occurrences' count. */
 int spec_corpus_draft(const struct spec_corpus *c, const int32_t *ctx, int n_ctx, int n_min, float p_min, int max,
-                      int32_t *out, int *matched);
+                      uint32_t scope, int32_t *out, int *matched);
 
 #endif

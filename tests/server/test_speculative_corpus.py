@@ -273,6 +273,61 @@ def keep(a, tmp):
           f"keep: --spec-corpus-learn {n1 + 20} keeps the newest of the kept texts ({st4.spec_corpus_tokens} tokens)")
 
 
+def scopes(a, tmp):
+    """Learned answers draft only for their own scope (the API key's owner and the adapter): a key that
+    asked nothing before gets no corpus draft from another key's answer to the same prompt (over gRPC
+    and HTTP), while the asking key's repeat is drafted from it; kept across a restart with the scopes
+    (--journal's directory holds the owners' salt, so the owners are the same after it). (A key's own
+    earlier answers may draft for its other prompts: so each check of "none" uses a fresh key.)"""
+    (tmp / "keys").write_text("key-a\nkey-b\nkey-c\nkey-d\nkey-e\n")
+    journal = tmp / "journal-scopes"
+    kept = tmp / "scoped.corpus"
+    args = ["--speculative", "ngram", "--spec-draft", "4", "--spec-corpus-learn", "1000000", "--spec-corpus-keep",
+            str(kept), "--api-key-file", str(tmp / "keys"), "--journal", str(journal)]
+    prompt, other = "Sue and Tim looked at the moon", "The old cat sat by the door and"
+
+    def ask(srv, key, text):
+        """(corpus draft tokens, corpus accepted tokens) of one greedy request of key's."""
+        with srv.client(timeout=60, api_key=key) as c:
+            before = c.server_stats()
+            g = c.generate(text, max_tokens=80, temperature=0)
+            after = c.server_stats()
+        return (after.spec_corpus_draft_tokens - before.spec_corpus_draft_tokens,
+                after.spec_corpus_accepted_tokens - before.spec_corpus_accepted_tokens, g.text)
+
+    def ask_http(srv, key, text):
+        with srv.client(timeout=60, api_key=key) as c:
+            before = c.server_stats()
+        body = json.dumps({"prompt": text, "max_tokens": 80, "temperature": 0}).encode()
+        req = urllib.request.Request(srv.base + "/v1/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            json.loads(r.read())
+        with srv.client(timeout=60, api_key=key) as c:
+            after = c.server_stats()
+        return after.spec_corpus_draft_tokens - before.spec_corpus_draft_tokens
+
+    with TS.Server(a.shardlm, Path(a.model), *args, name="scopes", http=True) as srv:
+        a1 = ask(srv, "key-a", prompt)
+        b1 = ask(srv, "key-b", prompt)           # A's answer only: not B's
+        a2 = ask(srv, "key-a", prompt)           # A's own answer drafts
+        c_http = ask_http(srv, "key-c", other)
+        d_http = ask_http(srv, "key-d", other)   # C's answer only: not D's
+        c_http2 = ask_http(srv, "key-c", other)  # C's own answer drafts
+    check(a1[0] == 0 and b1[0] == 0 and a1[2] == b1[2] == a2[2] and a2[1] > 20,
+          f"scopes: key A's answer does not draft for key B ({b1[0]} corpus drafts) and drafts A's repeat "
+          f"({a2[1]} accepted of {a2[0]})")
+    check(c_http == 0 and d_http == 0 and c_http2 > 20,
+          f"scopes over HTTP: C's answer drafts for C again ({c_http2}), never for D ({d_http})")
+    with TS.Server(a.shardlm, Path(a.model), *args, name="scopes-restart", http=True) as srv:
+        e1 = ask(srv, "key-e", prompt)           # A's and B's kept answers: not E's
+        a3 = ask(srv, "key-a", prompt)
+        c3 = ask(srv, "key-c", other)
+    check(a3[1] > 20 and c3[1] > 20 and e1[0] == 0,
+          f"scopes after a restart: each key's kept answers draft for it ({a3[1]}, {c3[1]} accepted), for a "
+          f"key that asked nothing none ({e1[0]})")
+
+
 def refuse(a, args, want, what):
     p = subprocess.run([a.shardlm, "serve", "--model", a.model, *args, "--listen", "127.0.0.1:0", "--threads", "1"],
                        capture_output=True, text=True, timeout=120)
@@ -324,6 +379,7 @@ def main():
             compare(a, a.model, "stories260K", False, tmp)
             learn(a, tmp)
             keep(a, tmp)
+            scopes(a, tmp)
             if a.gguf and os.path.exists(a.gguf):
                 # SmolLM2's blocks depend on a step's rows (test_speculative.py compare): one at a time
                 compare(a, a.gguf, "smollm2", True, tmp, batch=False, max_tokens=40)

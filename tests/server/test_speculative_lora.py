@@ -92,6 +92,17 @@ def main():
                 with srv.client(timeout=60) as c:
                     st = c.server_stats()
             runs.append((name, got, st))
+        # A learned corpus keeps each adapter's answers to it (the scope is the owner and the adapter):
+        # a1's answer never drafts for a2 or the base; a1's repeat is drafted from it.
+        learn = ["--speculative", "ngram", "--spec-corpus-learn", "1000000"]
+        with TS.Server(a.shardlm, Path(a.model), *lora, *learn, *spec, name="spec-lora-learn") as srv, \
+                srv.client(timeout=60) as c:
+            def corpus_drafts(adapter):
+                before = c.server_stats().spec_corpus_draft_tokens
+                kw = dict(adapter=adapter) if adapter else {}
+                c.generate(PROMPTS[4], max_tokens=60, temperature=0, **kw)
+                return c.server_stats().spec_corpus_draft_tokens - before
+            scoped = [corpus_drafts(ad) for ad in ("a1", "a2", None, "a1")]
     finally:
         TS.kill_all()
     n = len(PROMPTS)
@@ -100,6 +111,9 @@ def main():
           f"the adapters change the output: a1 on {changed['a1']}, a2 on {changed['a2']} of {n} prompts (>= {n // 2})")
     same = sum(base[0][k] == base[1][k] for k in base[0])
     check(same == len(base[0]), f"without speculation: 24 at once equal one at a time ({same} of {len(base[0])})")
+    check(scoped[:3] == [0, 0, 0] and scoped[3] > 20,
+          f"a learned corpus by adapter: a1's answer drafts for a1's repeat ({scoped[3]} corpus drafts), never for a2 or "
+          f"the base ({scoped[1]}, {scoped[2]})")
     for name, got, st in runs:
         for b, label in enumerate(("one at a time", "24 at once")):
             bad = [k for k in base[0] if got[b][k] != base[0][k]]
