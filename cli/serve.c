@@ -15,6 +15,8 @@
  *                            model is loaded (host memory on the CPU, GPU memory on CUDA)
  *   --kv-cache-blocks N      KV pool size in blocks, when neither of the above is given
  *   --no-prefix-caching      do not share prompt blocks between requests
+ *   --prefix-cache-per-key   share them only between requests of one API key's owner (needs
+ *                            --api-key-file); HTTP's cache_salt narrows sharing per request
  *   --verify-prefix-cache F  recompute fraction F of the prompts served from the prefix cache
  *                            without it and count logit mismatches (/metrics)
  *   --batch-invariant        a request's tokens never depend on the batch around it, for
@@ -112,7 +114,8 @@ static int usage(const char *fmt, const char *arg)
                     "         [--rank-timeout S (60)]\n"
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
                     "         [--kv-cache-fraction F]\n"
-                    "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching] [--verify-prefix-cache F] [--batch-invariant]\n"
+                    "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching] [--prefix-cache-per-key]\n"
+                    "         [--verify-prefix-cache F] [--batch-invariant]\n"
                     "         [--scheduling-policy fcfs|fair|priority]\n"
                     "         [--chat-template llama2|chatml|gemma|plain|FILE.jinja] [--reasoning-format auto|deepseek|none]\n"
                     "         [--api-key-file F] [--tls-cert F --tls-key F]\n"
@@ -245,6 +248,10 @@ int serve_main(int argc, char **argv)
         long n;
         if (!strcmp(a, "--no-prefix-caching")) {
             o.engine.prefix_caching = 0;
+            continue;
+        }
+        if (!strcmp(a, "--prefix-cache-per-key")) {
+            o.engine.prefix_cache_per_owner = 1;
             continue;
         }
         if (!strcmp(a, "--batch-invariant")) { /* read by backend_open (ops.h), on every rank */
@@ -485,6 +492,10 @@ int serve_main(int argc, char **argv)
     if (ngram_given && !o.engine.spec_draft) o.engine.spec_draft = 5; /* --spec-ngram alone: prompt lookup */
     if ((o.engine.spec_corpus_min || o.engine.spec_corpus_p_min > 0) && !o.spec_corpus && !o.engine.spec_corpus_learn)
         return usage("--spec-corpus-min and --spec-corpus-p-min need --spec-corpus FILE or --spec-corpus-learn N%s", "");
+    if (o.engine.prefix_cache_per_owner && !o.api_key_file)
+        return usage("--prefix-cache-per-key needs --api-key-file F (without keys every request has one owner)%s", "");
+    if (o.engine.prefix_cache_per_owner && !o.engine.prefix_caching)
+        return usage("--prefix-cache-per-key and --no-prefix-caching: choose one%s", "");
     if (o.spec_corpus && !o.engine.spec_draft)
         return usage("--spec-corpus needs speculation on (--speculative ngram, or a --draft-model)%s", "");
     if (o.engine.spec_corpus_keep && !o.engine.spec_corpus_learn)

@@ -428,6 +428,7 @@ void gen_request_free(struct gen_request *r)
     free(r->bias_values);
     free(r->adapter);
     free(r->client);
+    free(r->cache_salt);
     free(r->chat_context);
     free(r->prefill);
     free(r->chat_request);

@@ -59,6 +59,7 @@ struct gen_request {
     size_t   constraint_len;
     char    *client;              /* who asked, for --scheduling-policy fair (params.client points
                                      here); NULL: the caller sets it (gRPC: from the call) */
+    char    *cache_salt;          /* HTTP's cache_salt (params.cache_salt points here); NULL: none */
     /* Chat with a Jinja template (server/http_tools.c; gRPC through chat_tools.c): the render
      * context as a JSON object (messages as the client sent them, tools, chat_template_kwargs; gen_prompt adds
      * add_generation_prompt, bos_token, eos_token), and text written after the rendered prompt

@@ -473,7 +473,7 @@ static const char *const body_fields[] = {
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "skip_special_tokens", "speculative",
     "speculative.n_max", "speculative.p_min", "best_of", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
     "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "modalities",
-    "guided_decoding_backend", NULL};
+    "guided_decoding_backend", "cache_salt", NULL};
 static const char *const completion_fields[] = {"prompt", "echo", NULL};
 static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", "reasoning_effort", NULL};
 
@@ -595,6 +595,16 @@ static enum status parse_sampling(const cJSON *o, struct http_request *q)
         memcpy(q->r.client, "user:", 5);
         memcpy(q->r.client + 5, user->valuestring, n + 1);
         p->client = q->r.client;
+    }
+    const cJSON *salt = field(o, "cache_salt"); /* vLLM's: the prefix cache shared within one salt */
+    if (st == STATUS_OK && salt && !cJSON_IsString(salt)) st = type_error("cache_salt", "a string");
+    if (st == STATUS_OK && salt) {
+        const size_t n = strlen(salt->valuestring);
+        if (n == 0 || n > 1024)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'cache_salt' must be 1 to 1024 bytes, got %zu", n);
+        if (!(q->r.cache_salt = strdup(salt->valuestring)))
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        p->cache_salt = q->r.cache_salt;
     }
     if (st == STATUS_OK) st = get_int(o, "priority", &p->priority); /* vLLM's extra field */
     if (st == STATUS_OK) st = parse_speculative(o, p);

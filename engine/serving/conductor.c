@@ -230,6 +230,11 @@ enum status conductor_submit(struct conductor *c, const char *request_id, const 
      * (drop_adapter_before_last): until then UnloadAdapter refuses. */
     if (st == STATUS_OK) st = adapter_set_acquire(&c->adapters, p->adapter, &r->adapter, &r->adapter_key);
     r->adapter_held = st == STATUS_OK && r->adapter >= 0;
+    /* The prefix cache's chain starts from the adapter's key, mixed with the salt (the request's
+     * cache_salt, and its owner under prefix_cache_per_owner): blocks are shared within one. */
+    if (c->o.prefix_cache_per_owner && p->owner && *p->owner)
+        r->cache_salt = base_fnv1a_str(base_fnv1a(r->cache_salt ? r->cache_salt : BASE_FNV1A_BASIS, "\1", 1), p->owner);
+    r->cache_seed = r->cache_salt ? base_fnv1a(r->cache_salt, &r->adapter_key, sizeof r->adapter_key) : r->adapter_key;
     if (st != STATUS_OK) {
         pthread_mutex_unlock(&c->mu);
         request_free(r);

@@ -66,6 +66,8 @@ struct engine_options {
                                   is invalid); 0 = 1024 */
     int   max_logprobs;        /* largest top-n a request may ask; 0 = 20 */
     int   prefix_caching;      /* 1 = share full prompt blocks between requests by hash */
+    int   prefix_cache_per_owner; /* 1 = only between requests of the same request_params.owner
+                                  (`--prefix-cache-per-key`: no API key's prompts speed up another's) */
     double verify_prefix_cache; /* the fraction in [0, 1] of requests served partly from the
                                   prefix cache whose prompt is recomputed without it and whose
                                   first logits are compared (engine_stats counts mismatches);
@@ -304,6 +306,9 @@ struct request_params {
     const char *client;               /* who asked (an API key's name, a connection's peer, a
                                          user field), for SCHEDULING_FAIR: samples of one
                                          client share its turn; NULL or "" = one anonymous client */
+    const char *cache_salt;           /* vLLM's cache_salt: the prefix cache shares blocks only
+                                         between requests of the same salt (and owner under
+                                         prefix_cache_per_owner); NULL or "" = none */
     const char *owner;                /* the API key's owner that the server authenticated (NULL or
                                          "" without API keys): a learned speculative corpus drafts
                                          for a request only from the answers of the same owner and

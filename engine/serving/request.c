@@ -356,6 +356,8 @@ enum status request_new(const int32_t *prompt, int n_prompt, const struct reques
     r->live_samples = p->n;
     r->adapter = -1;
     r->spec_scope = spec_scope(p->owner, p->adapter);
+    r->cache_salt = p->cache_salt && *p->cache_salt ? base_fnv1a_str(BASE_FNV1A_BASIS, p->cache_salt) : 0;
+    r->p.cache_salt = NULL; /* borrowed: only its hash is kept (the owner joins it at submission) */
     r->p.owner = NULL;   /* borrowed: only its hash is kept */
     r->p.adapter = NULL; /* borrowed: resolved into adapter / adapter_key at submission */
     r->client_key = client_key(p->client);

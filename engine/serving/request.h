@@ -142,6 +142,11 @@ struct request {
     uint64_t adapter_key;         /* 0 for the base, else unique to the adapter: the prefix-cache
                                      hash chains start from it, so no KV is shared across adapters */
     int      adapter_held;        /* the adapter set counts this request (conductor.c) */
+    uint64_t cache_salt;          /* FNV-1a of p.cache_salt (and of p.owner under prefix_cache_per_owner);
+                                     0: none. The conductor makes cache_seed of it */
+    uint64_t cache_seed;          /* where the prefix cache's hash chain starts: adapter_key, mixed
+                                     with cache_salt when there is one, so that KV is shared only
+                                     between requests of one adapter and one salt */
     uint32_t spec_scope;          /* p.owner's and p.adapter's (never 0): a learned speculative corpus
                                      drafts for a request only from its scope's answers (spec_corpus.h) */
     uint64_t client_key;          /* a hash of p.client (0: none given), the unit of

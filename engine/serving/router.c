@@ -302,6 +302,8 @@ static enum status send_submit(struct router *r, const struct route *rt, const i
     put(&b, p->logit_bias_values, (size_t)p->n_logit_bias * sizeof *p->logit_bias_values);
     put_str(&b, p->adapter ? p->adapter : "");
     put_str(&b, p->client ? p->client : "");
+    put_str(&b, p->owner ? p->owner : "");
+    put_str(&b, p->cache_salt ? p->cache_salt : "");
     put(&b, p->constraint, p->constraint_len);
     uint64_t rng[4] = {0};
     if (p->resume_rng) memcpy(rng, p->resume_rng, sizeof rng);

@@ -95,6 +95,8 @@ static void leader_submit(struct router *r, struct rbuf *rb)
     p.logit_bias_values = get(rb, (size_t)p.n_logit_bias * sizeof(float));
     p.adapter = get_str(rb);
     p.client = get_str(rb);
+    p.owner = get_str(rb);
+    p.cache_salt = get_str(rb);
     p.constraint = get(rb, p.constraint_len);
     const uint64_t *rng = get(rb, 4 * sizeof(uint64_t));
     p.resume_rng = h.p.resume_rng ? rng : NULL;

@@ -213,11 +213,11 @@ static int ensure_blocks(struct scheduler *s, struct seq *q, int n)
 }
 
 /* The hash a sequence's next block chains from: its last registered block's, or, for the first
- * block, its adapter's key (0 for the base), so that KV computed under one adapter never serves
- * another. */
+ * block, its request's cache_seed (its adapter's key, 0 for the base, mixed with a cache salt), so
+ * that KV computed under one adapter or salt never serves another. */
 static uint64_t chain_hash(const struct seq *q)
 {
-    return q->n_registered ? q->last_hash : q->req ? q->req->adapter_key : 0;
+    return q->n_registered ? q->last_hash : q->req ? q->req->cache_seed : 0;
 }
 
 /* Reuses cached blocks for the leading full blocks of the tokens to compute, leaving at least

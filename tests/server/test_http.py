@@ -1022,6 +1022,67 @@ def group_verify_prefix(env):
 GROUPS["verify_prefix"] = group_verify_prefix
 
 
+def group_cache_salt(env):
+    """vLLM's cache_salt: the prefix cache shares a prompt's blocks only between requests of the same
+    salt (usage.prompt_tokens_details.cached_tokens says what was reused), the answers unchanged;
+    --prefix-cache-per-key shares them only within one API key's owner; bad salts and the flag
+    without keys are refused by name."""
+    story = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park "
+             "with her friends and her dog.")
+
+    def ask(srv, salt=None, key=None, path="/v1/completions"):
+        body = {"prompt": story, "max_tokens": 8, "temperature": 0}
+        if path.endswith("chat/completions"):
+            body = {"messages": [{"role": "user", "content": story}], "max_tokens": 8, "temperature": 0}
+        if salt is not None:
+            body["cache_salt"] = salt
+        code, ans = http(srv, "POST", path, body, headers={"Authorization": f"Bearer {key}"} if key else None)
+        check(code == 200, f"cache_salt {salt!r} key {key}: {code} {str(ans)[:200]}")
+        u = ans.get("usage", {}) if isinstance(ans, dict) else {}
+        first = ans["choices"][0] if code == 200 else {}
+        return (u.get("prompt_tokens_details") or {}).get("cached_tokens", -1), first.get("text", first.get("message"))
+
+    with Server(env.shardlm, env.model, name="cache-salt") as srv:
+        s1a, t1 = ask(srv, "salt-one")
+        s1b, t2 = ask(srv, "salt-one")
+        s2, t3 = ask(srv, "salt-two")
+        n1, t4 = ask(srv)
+        n2, t5 = ask(srv)
+        c1, _ = ask(srv, "salt-one", path="/v1/chat/completions")
+        c2, _ = ask(srv, "salt-one", path="/v1/chat/completions")
+        c3, _ = ask(srv, "salt-three", path="/v1/chat/completions")
+        for bad, want in (("", "'cache_salt' must be 1 to 1024 bytes"), (5, "'cache_salt' must be a string"),
+                          ("x" * 1025, "'cache_salt' must be 1 to 1024 bytes")):
+            code, ans = http(srv, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2, "cache_salt": bad})
+            check(code == 400 and want in json.dumps(ans), f"cache_salt {str(bad)[:10]!r}: {code} {str(ans)[:160]}")
+    check(s1a == 0 and s1b >= 16 and s2 == 0 and n1 == 0 and n2 >= 16,
+          f"cache_salt: the blocks one salt cached serve that salt again ({s1b} tokens) and nobody else "
+          f"(another salt {s2}, none {n1}; none again {n2})")
+    check(t1 == t2 == t3 == t4 == t5, "cache_salt: the answers are the same whatever the cache served")
+    check(c1 == 0 and c2 >= 16 and c3 == 0, f"cache_salt on chat: {c1}, {c2}, another salt {c3}")
+    d = Path(tempfile.mkdtemp(prefix="shardlm-salt-"))
+    (d / "keys").write_text("key-a\nkey-b\n")
+    with Server(env.shardlm, env.model, "--api-key-file", str(d / "keys"), name="cache-shared") as srv:
+        shared = [ask(srv, key=k)[0] for k in ("key-a", "key-b")]
+    with Server(env.shardlm, env.model, "--api-key-file", str(d / "keys"), "--prefix-cache-per-key",
+                name="cache-per-key") as srv:
+        per_key = [ask(srv, key=k)[0] for k in ("key-a", "key-b", "key-a", "key-b")]
+    check(shared[0] == 0 and shared[1] >= 16,
+          f"without --prefix-cache-per-key one key's prompt serves another's ({shared[1]} tokens)")
+    check(per_key[:2] == [0, 0] and per_key[2] >= 16 and per_key[3] >= 16,
+          f"--prefix-cache-per-key: each key's cached blocks serve that key alone ({per_key})")
+    for extra, want in ((["--prefix-cache-per-key"], "--prefix-cache-per-key needs --api-key-file"),
+                        (["--prefix-cache-per-key", "--no-prefix-caching", "--api-key-file", str(d / "keys")],
+                         "choose one")):
+        p = subprocess.run([env.shardlm, "serve", "--model", str(env.model), *extra], capture_output=True, text=True,
+                           timeout=30)
+        check(p.returncode == 2 and want in p.stderr, f"serve {' '.join(extra[:2])}: rc {p.returncode} {p.stderr[-200:]}")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+GROUPS["cache_salt"] = group_cache_salt
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
