@@ -212,6 +212,17 @@ static enum status convert_adapter(const char *name, struct gen_request *r)
     return (r->adapter = strdup(name)) ? STATUS_OK : convert_oom();
 }
 
+/* GenerateRequest / ChatRequest cache_salt: "" none, else at most 1024 bytes (HTTP's rule). */
+static enum status convert_cache_salt(const char *salt, struct gen_request *r)
+{
+    if (!salt || !*salt) return STATUS_OK;
+    if (strlen(salt) > 1024)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "cache_salt must be at most 1024 bytes, got %zu", strlen(salt));
+    if (!(r->cache_salt = strdup(salt))) return convert_oom();
+    r->params.cache_salt = r->cache_salt;
+    return STATUS_OK;
+}
+
 static enum status convert_generate(const Shardlm__V1__GenerateRequest *m, struct gen_request *r)
 {
     enum status st = convert_request_id(m->request_id, r);
@@ -236,6 +247,7 @@ static enum status convert_generate(const Shardlm__V1__GenerateRequest *m, struc
     }
     r->add_bos = m->_add_bos_case == SHARDLM__V1__GENERATE_REQUEST___ADD_BOS_ADD_BOS ? (m->add_bos ? 1 : 0) : 1;
     if ((st = convert_adapter(m->adapter, r)) != STATUS_OK) return st;
+    if ((st = convert_cache_salt(m->cache_salt, r)) != STATUS_OK) return st;
     r->params.priority = m->priority;
     return convert_sampling(m->sampling, r);
 }
@@ -387,6 +399,7 @@ static enum status convert_chat(const Shardlm__V1__ChatRequest *m, struct gen_re
     r->add_bos = 1;
     if (uses_tools(m) && (st = convert_chat_tools(m, r)) != STATUS_OK) return st;
     if ((st = convert_adapter(m->adapter, r)) != STATUS_OK) return st;
+    if ((st = convert_cache_salt(m->cache_salt, r)) != STATUS_OK) return st;
     r->params.priority = m->priority;
     return convert_sampling(m->sampling, r);
 }

@@ -1051,6 +1051,21 @@ def group_cache_salt(env):
         c1, _ = ask(srv, "salt-one", path="/v1/chat/completions")
         c2, _ = ask(srv, "salt-one", path="/v1/chat/completions")
         c3, _ = ask(srv, "salt-three", path="/v1/chat/completions")
+        with srv.grpc() as g:  # GenerateRequest / ChatRequest cache_salt
+            g1 = g.generate(story, max_tokens=8, temperature=0, cache_salt="grpc-salt").cached_prompt_tokens
+            g2 = g.generate(story, max_tokens=8, temperature=0, cache_salt="grpc-salt").cached_prompt_tokens
+            g3 = g.generate(story, max_tokens=8, temperature=0, cache_salt="salt-one").cached_prompt_tokens  # HTTP's
+            h1 = g.chat([("user", story)], max_tokens=8, temperature=0, cache_salt="grpc-chat").cached_prompt_tokens
+            h2 = g.chat([("user", story)], max_tokens=8, temperature=0, cache_salt="grpc-chat").cached_prompt_tokens
+            try:
+                g.generate("hi", max_tokens=2, cache_salt="x" * 1025)
+                long_salt = "accepted"
+            except Exception as e:  # noqa: BLE001 (grpc.RpcError: the client's module imports grpc)
+                long_salt = f"{e.code().name} {e.details()}" if hasattr(e, "code") else repr(e)
+        check(g1 == 0 and g2 >= 16 and g3 >= 16 and h1 == 0 and h2 >= 16,
+              f"cache_salt over gRPC: {g1}, {g2}, HTTP's salt {g3}; chat {h1}, {h2}")
+        check(long_salt.startswith("INVALID_ARGUMENT") and "cache_salt must be at most 1024 bytes" in long_salt,
+              f"a gRPC cache_salt of 1025 bytes: {long_salt}")
         for bad, want in (("", "'cache_salt' must be 1 to 1024 bytes"), (5, "'cache_salt' must be a string"),
                           ("x" * 1025, "'cache_salt' must be 1 to 1024 bytes")):
             code, ans = http(srv, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2, "cache_salt": bad})

@@ -416,22 +416,22 @@ class Client:
     @staticmethod
     def generate_request(prompt: Optional[str] = None, *, prompt_token_ids: Optional[Sequence[int]] = None,
                          request_id: str = "", add_bos: Optional[bool] = None, adapter: str = "",
-                         **sampling) -> "pb.GenerateRequest":
-        req = pb.GenerateRequest(request_id=request_id, prompt=prompt or "", adapter=adapter,
+                         cache_salt: str = "", **sampling) -> "pb.GenerateRequest":
+        req = pb.GenerateRequest(request_id=request_id, prompt=prompt or "", adapter=adapter, cache_salt=cache_salt,
                                  prompt_token_ids=list(prompt_token_ids or []), sampling=sampling_params(**sampling))
         if add_bos is not None:
             req.add_bos = add_bos
         return req
 
     @staticmethod
-    def chat_request(messages: Iterable[Message], *, request_id: str = "", adapter: str = "",
+    def chat_request(messages: Iterable[Message], *, request_id: str = "", adapter: str = "", cache_salt: str = "",
                      tools: Optional[Sequence] = None, tool_choice: Optional[Union[str, dict]] = None,
                      parallel_tool_calls: Optional[bool] = None,
                      chat_template_kwargs: Optional[Union[str, dict]] = None, **sampling) -> "pb.ChatRequest":
         """tools: OpenAI's tool dicts (or Tool messages); tool_choice: "auto", "none", "required"
         or OpenAI's named {"type": "function", "function": {"name": ...}}."""
         req = pb.ChatRequest(request_id=request_id, messages=[_message(m) for m in messages], adapter=adapter,
-                             sampling=sampling_params(**sampling))
+                             cache_salt=cache_salt, sampling=sampling_params(**sampling))
         _tools_fields(req, tools, tool_choice, parallel_tool_calls, chat_template_kwargs)
         return req
 
