@@ -676,6 +676,25 @@ static void check_routing(struct engine *e, const char *dir)
     check(same_replica == P && by_prefix1 - by_prefix0 >= P && same_tokens == P,
           "a repeated prompt goes back to the replica holding its prefix", "%d of %d, %llu routed by prefix",
           same_replica, P, (unsigned long long)(by_prefix1 - by_prefix0));
+    /* The same prompts with a cache salt: their blocks cannot be reused (the replicas' caches key
+     * them by the salt too), so the router does not route them by prefix. */
+    struct request_params salted = greedy(4);
+    salted.cache_salt = "another salt";
+    uint64_t by_prefix2 = 0;
+    for (int i = 0; i < P; i++) {
+        int32_t prompt[64];
+        uint64_t h;
+        make_prompt(prompt, 64, 900 + i);
+        memset(&again[i], 0, sizeof again[i]);
+        engine_submit(e, NULL, prompt, 64, &salted, on_event, &again[i], &h);
+        wait_finished(&again[i], &salted, 1);
+    }
+    for (int d = 0; d < dp && d < 8; d++) {
+        engine_get_replica_stats(e, d, &rs[d]);
+        by_prefix2 += rs[d].routed_by_prefix;
+    }
+    check(by_prefix2 == by_prefix1, "a salted prompt is not routed by an unsalted prefix",
+          "%llu routed by prefix", (unsigned long long)(by_prefix2 - by_prefix1));
 
     /* Cancellation reaches every replica: one long request per replica (the least loaded takes
      * each), cancelled by handle and by request id once tokens flow. */

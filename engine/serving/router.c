@@ -219,13 +219,19 @@ void router_on_local_fatal(void *ctx, enum status st, const char *message)
     }
 }
 
-/* Prompt-prefix hashes of the leading full blocks (chained: block i covers tokens 0..(i+1)*bt). */
-static int prefix_hashes(const struct router *r, const int32_t *prompt, int n_prompt, uint64_t *h)
+/* Prompt-prefix hashes of the leading full blocks (chained: block i covers tokens 0..(i+1)*bt),
+ * from a seed of what the replicas' prefix caches key blocks by besides the tokens (the adapter,
+ * the cache salt, the owner under prefix_cache_per_owner: conductor_submit), so that a prompt is
+ * routed to where its blocks can actually be reused. */
+static int prefix_hashes(const struct router *r, const int32_t *prompt, int n_prompt, const struct request_params *p,
+                         uint64_t *h)
 {
     int bt = r->block_tokens > 0 ? r->block_tokens : 16;
     int nb = n_prompt / bt;
     if (nb > PREFIX_MAX_BLOCKS) nb = PREFIX_MAX_BLOCKS;
-    uint64_t x = 0x243f6a8885a308d3ull;
+    uint64_t x = base_fnv1a_str(base_fnv1a(0x243f6a8885a308d3ull, "", 1), p->adapter ? p->adapter : "");
+    x = base_fnv1a_str(base_fnv1a(x, "", 1), p->cache_salt ? p->cache_salt : "");
+    if (r->o.prefix_cache_per_owner) x = base_fnv1a_str(base_fnv1a(x, "", 1), p->owner ? p->owner : "");
     for (int b = 0; b < nb; b++) {
         for (int i = 0; i < bt; i++) {
             x ^= (uint64_t)(uint32_t)prompt[b * bt + i];
@@ -339,7 +345,7 @@ enum status router_submit(struct router *r, const char *request_id, const int32_
     struct route *rt = calloc(1, sizeof *rt);
     if (!rt) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "router: out of host memory");
     uint64_t h[PREFIX_MAX_BLOCKS];
-    int nb = r->o.prefix_caching ? prefix_hashes(r, prompt, n_prompt, h) : 0;
+    int nb = r->o.prefix_caching ? prefix_hashes(r, prompt, n_prompt, p, h) : 0;
     rt->r = r;
     rt->n = rt->live = p->n;
     rt->on_event = on_event;
