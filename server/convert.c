@@ -212,12 +212,14 @@ static enum status convert_adapter(const char *name, struct gen_request *r)
     return (r->adapter = strdup(name)) ? STATUS_OK : convert_oom();
 }
 
-/* GenerateRequest / ChatRequest cache_salt: "" none, else at most 1024 bytes (HTTP's rule). */
+/* GenerateRequest / ChatRequest cache_salt: "" none, else at most REQUEST_MAX_CACHE_SALT_BYTES. */
 static enum status convert_cache_salt(const char *salt, struct gen_request *r)
 {
     if (!salt || !*salt) return STATUS_OK;
-    if (strlen(salt) > 1024)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "cache_salt must be at most 1024 bytes, got %zu", strlen(salt));
+    const size_t n = strlen(salt);
+    if (n > REQUEST_MAX_CACHE_SALT_BYTES)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "cache_salt must be at most %d bytes, got %zu",
+                             REQUEST_MAX_CACHE_SALT_BYTES, n);
     if (!(r->cache_salt = strdup(salt))) return convert_oom();
     r->params.cache_salt = r->cache_salt;
     return STATUS_OK;

@@ -600,8 +600,9 @@ static enum status parse_sampling(const cJSON *o, struct http_request *q)
     if (st == STATUS_OK && salt && !cJSON_IsString(salt)) st = type_error("cache_salt", "a string");
     if (st == STATUS_OK && salt) {
         const size_t n = strlen(salt->valuestring);
-        if (n == 0 || n > 1024)
-            return status_errorf(STATUS_INVALID_ARGUMENT, "'cache_salt' must be 1 to 1024 bytes, got %zu", n);
+        if (n == 0 || n > REQUEST_MAX_CACHE_SALT_BYTES)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'cache_salt' must be 1 to %d bytes, got %zu",
+                                 REQUEST_MAX_CACHE_SALT_BYTES, n);
         if (!(q->r.cache_salt = strdup(salt->valuestring)))
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
         p->cache_salt = q->r.cache_salt;

@@ -195,8 +195,9 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     }
     verify_init(c);
     const char *delay = getenv("SHARDLM_TEST_STEP_DELAY_MS");
-    if (delay && atof(delay) > 0.0 && atof(delay) < 1000.0) {
-        c->test_step_delay_ns = (long)(atof(delay) * 1e6);
+    float delay_ms = 0.0f;
+    if (delay && base_parse_float(delay, &delay_ms) == 0 && delay_ms > 0.0f && delay_ms < 1000.0f) {
+        c->test_step_delay_ns = (long)(delay_ms * 1e6f);
         LOG_WARN(MODULE, "SHARDLM_TEST_STEP_DELAY_MS=%s: every step waits that long", delay);
     }
     /* Only the first rank times out: workers legitimately wait for the next plan forever. Every

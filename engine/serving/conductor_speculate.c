@@ -309,8 +309,11 @@ enum status spec_keep_load(struct conductor *c)
     /* The newest kept texts, up to spec_corpus_learn ids (dropped before the index is made); an
      * error here (memory) fails the start, so that the file is not written back emptied. */
     int64_t from = 0, texts_from = 0, texts = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (ids[i] < 0 && (texts++, n - from > c->o.spec_corpus_learn)) from = i + 1, texts_from = texts;
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] >= 0) continue;
+        texts++;
+        if (n - from > c->o.spec_corpus_learn) from = i + 1, texts_from = texts; /* this text too old */
+    }
     if (n - from > 0) { /* before the engine starts nothing waits to be learned: the kept texts take the buffers */
         memmove(ids, ids + from, (size_t)(n - from) * sizeof *ids);
         if (!scopes) scopes = calloc((size_t)(texts - texts_from), sizeof *scopes);

@@ -30,6 +30,7 @@ struct grammar_matcher;
 #define REQUEST_MAX_STOP_TOKEN_IDS 64   /* stop token ids (a chat template's own included) */
 #define REQUEST_MAX_LOGIT_BIAS     256  /* logit_bias entries */
 #define REQUEST_MAX_LOGIT_BIAS_ABS 100  /* |logit_bias value| */
+#define REQUEST_MAX_CACHE_SALT_BYTES 1024 /* cache_salt (HTTP and gRPC) */
 #define REQUEST_DEFAULT_MAX_LOGPROBS 20 /* engine_options.max_logprobs when 0 */
 #define REQUEST_ID_MAX_BYTES       100  /* request_id */
 

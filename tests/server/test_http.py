@@ -404,7 +404,7 @@ def group_nul(env):
 def group_disconnect(env):
     # Each step waits 3 ms (a test hook): the requests below must still run when their clients go,
     # however fast the CPU (stories260K's 16 x 480 tokens take well under a second on some).
-    with Server(env.shardlm, env.model, name="disconnect", env={**os.environ, "SHARDLM_TEST_STEP_DELAY_MS": "3"}) as srv, \
+    with Server(env.shardlm, env.model, name="disconnect", env=TS.slow_steps(3)) as srv, \
             srv.grpc() as g:
         oa = srv.openai()
         oa.completions.create(model=MODEL, prompt="hi", max_tokens=2)
@@ -597,7 +597,7 @@ def group_fronts(env):
     # waits 5 ms (a test hook), so that the drain outlasts the checks below: 400 tokens of this
     # model take ~30 ms on a fast CPU, and the server would be gone before the new request.
     srv = Server(env.shardlm, env.model, "--drain-timeout", "30", name="http-drain",
-                 env={**os.environ, "SHARDLM_TEST_STEP_DELAY_MS": "5"})
+                 env=TS.slow_steps(5))
     try:
         stream = srv.openai().completions.create(model=MODEL, prompt="Once upon a time", max_tokens=400, temperature=0,
                                                  stream=True, extra_body={"ignore_eos": True})

@@ -79,11 +79,6 @@ def server(shardlm, model, *extra, name, env=None):
     return TS.Server(shardlm, model, *FLAGS, *extra, name=name, http=True, env=env)
 
 
-# A test hook that slows every engine step by 2 ms: a drain test's SIGTERM then lands while the
-# stream still runs on any CPU (400 tokens of stories260K take ~30 ms on a fast one).
-SLOW = {**os.environ, "SHARDLM_TEST_STEP_DELAY_MS": "2"}
-
-
 def kill9(srv):
     srv.proc.send_signal(signal.SIGKILL)
     srv.proc.wait(timeout=20)
@@ -338,7 +333,7 @@ def group_drain(shardlm, model, work):
     with server(shardlm, model, name="drain-ref") as srv:
         ref = Stream(STREAMS[0][0], dict(body, max_tokens=400))
         ref.read(srv.http_port)
-    srv = server(shardlm, model, "--journal", str(journal), "--drain-timeout", "0", name="drain", env=SLOW)
+    srv = server(shardlm, model, "--journal", str(journal), "--drain-timeout", "0", name="drain", env=TS.slow_steps())
     s = Stream(STREAMS[0][0], dict(body, max_tokens=400))
     t = threading.Thread(target=s.read, args=(srv.http_port,))
     t.start()

@@ -87,11 +87,6 @@ def server(shardlm, model, *extra, name, env=None):
     return TS.Server(shardlm, model, *FLAGS, *extra, name=name, env=env)
 
 
-# A test hook that slows every engine step by 2 ms: a drain test's SIGTERM then lands while the
-# stream still runs on any CPU.
-SLOW = {**os.environ, "SHARDLM_TEST_STEP_DELAY_MS": "2"}
-
-
 def kill9(srv):
     srv.proc.send_signal(signal.SIGKILL)
     srv.proc.wait(timeout=20)
@@ -455,7 +450,7 @@ def group_drain(shardlm, model, work):
         ref = Reader(method, mk())
         ref.call(stub(srv))
     journal = work / "journal-drain"
-    srv = server(shardlm, model, "--journal", str(journal), "--drain-timeout", "0", name="drain", env=SLOW)
+    srv = server(shardlm, model, "--journal", str(journal), "--drain-timeout", "0", name="drain", env=TS.slow_steps())
     r = Reader(method, mk())
     c = r.call(stub(srv), stop_after=3)
     srv.terminate()

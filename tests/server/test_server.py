@@ -366,13 +366,15 @@ def group_concurrency(env):
         check(wait_until(lambda: stats_settled(c), "idle stats") is not None, "stats settle")
 
 
-# A test hook that slows every engine step by 2 ms: a request of LONG's 480 steps then runs for a
-# second or more on any CPU, so that a cancel, a deadline or a drain lands while it runs.
-SLOW = {"SHARDLM_TEST_STEP_DELAY_MS": "2"}
+def slow_steps(ms=2):
+    """The environment of a server whose every engine step waits ms milliseconds (the test hook
+    SHARDLM_TEST_STEP_DELAY_MS): a request then still runs when a cancel, a deadline, a drain or a
+    client's going away reaches it, on any CPU (LONG's 480 steps take a second or more at 2 ms)."""
+    return {**os.environ, "SHARDLM_TEST_STEP_DELAY_MS": str(ms)}
 
 
 def group_cancel(env):
-    with Server(env.shardlm, env.model, name="cancel", env={**os.environ, **SLOW}) as srv, srv.client() as c:
+    with Server(env.shardlm, env.model, name="cancel", env=slow_steps()) as srv, srv.client() as c:
         c.generate("hi", max_tokens=2)
         base = wait_until(lambda: stats_settled(c), "idle stats")
         # Client cancel mid-stream.
@@ -403,7 +405,7 @@ def group_cancel(env):
 
 
 def group_deadline(env):
-    with Server(env.shardlm, env.model, name="deadline", env={**os.environ, **SLOW}) as srv, srv.client() as c:
+    with Server(env.shardlm, env.model, name="deadline", env=slow_steps()) as srv, srv.client() as c:
         c.generate("hi", max_tokens=2)  # connected and warm: the deadlines below are the server's to meet
         base = wait_until(lambda: stats_settled(c), "idle stats")
         t0 = time.time()
@@ -754,7 +756,7 @@ def group_drain(env):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     # Each step waits 2 ms (a test hook): the drain outlasts the checks made during it on any CPU.
     srv = Server(env.shardlm, env.model, "--drain-timeout", "20", name="drain",
-                 env={**os.environ, **SLOW})
+                 env=slow_steps())
     try:
         check(health_check(srv.target) == "SERVING", "SERVING when ready")
         check(health_check(srv.target, "shardlm.v1.TextGeneration") == "SERVING", "SERVING for the service")
@@ -806,7 +808,7 @@ def group_drain(env):
     # after the fix 0 of 1,000: a check by chance, not a proof).
     for k in range(DRAIN_TIMEOUT_RUNS):
         with Server(env.shardlm, env.model, "--drain-timeout", "0.1", name="drain-timeout",
-                    env={**os.environ, **SLOW}) as srv, srv.client() as c:
+                    env=slow_steps()) as srv, srv.client() as c:
             streams = [iter(c.generate_stream("Once upon a time", **LONG)) for _ in range(2)]
             for st in streams:
                 next(st)
