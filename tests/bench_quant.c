@@ -281,35 +281,47 @@ static void bench_packed(const struct bench *bn)
 }
 
 /* What a speculative verification row costs the LM head: Gemma 3 270M's Q8_0 head (640 x 262,144,
- * 178 MB: beyond every cache) packed, m = 1 .. 5 rows in one call, at 1 and 2 threads; each m's time
- * as a multiple of m = 1's (a step verifying K drafts runs K + 1 rows). */
+ * 178 MB: beyond every cache) packed, m = 1 .. 5, 8 and 16 rows in one call, at 1 and 2 threads; each
+ * m's time as a multiple of m = 1's (a step verifying K drafts runs K + 1 rows; a decode step of a
+ * batch one row a sequence). Where AMX is on, each m > 1 also on the int8 tiles (quant_amx.c). */
 static void bench_verify(const struct bench *bn)
 {
     const enum quant_type t = QUANT_TYPE_Q8_0;
     const int64_t k = 640, n = 262144;
     const size_t wbytes = (size_t)n * quant_row_bytes(t, k);
     uint8_t *w = malloc(wbytes), *wp = malloc(quant_packed_bytes(t, n, k));
-    float *x = malloc((size_t)(5 * k) * sizeof(float)), *y = malloc((size_t)(5 * n) * sizeof(float));
-    void *scratch = malloc(quant_matmul_scratch_bytes(t, 5, k));
+    static const int64_t ms[] = {1, 2, 3, 4, 5, 8, 16};
+    const int64_t mmax = 16;
+    float *x = malloc((size_t)(mmax * k) * sizeof(float)), *y = malloc((size_t)(mmax * n) * sizeof(float));
+    void *scratch = malloc(quant_matmul_scratch_bytes(t, mmax, k));
     if (!w || !wp || !x || !y || !scratch) {
         fprintf(stderr, "bench_verify: out of memory\n");
         free(scratch), free(y), free(x), free(wp), free(w);
         return;
     }
-    for (int64_t i = 0; i < 5 * k; i++) x[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+    for (int64_t i = 0; i < mmax * k; i++) x[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
     fill_blocks(t, w, wbytes);
     quant_pack_rows8(t, wp, w, n, k);
     free(w);
-    printf("verification rows, gemma lm_head Q8_0 packed (k %lld, n %lld, %.0f MB), %s:\n", (long long)k, (long long)n,
-           (double)quant_packed_bytes(t, n, k) / 1e6, quant_impl_name(quant_impl_best()));
+    const int amx = cpu_amx_enabled();
+    printf("verification rows, gemma lm_head Q8_0 packed (k %lld, n %lld, %.0f MB), %s%s; each m's time as a multiple "
+           "of m 1's:\n", (long long)k, (long long)n, (double)quant_packed_bytes(t, n, k) / 1e6,
+           quant_impl_name(quant_impl_best()), amx ? ", the VNNI kernels then the AMX int8 tiles (quant_amx.c) in turn" : "");
     for (int threads = 1; threads <= 2; threads++) {
         double t1 = 0.0;
         printf("  threads %d:", threads);
-        for (int64_t m = 1; m <= 5; m++) {
+        for (size_t im = 0; im < sizeof ms / sizeof *ms; im++) {
+            const int64_t m = ms[im];
             struct quant_ctx qc = {quant_impl_best(), t, y, x, wp, scratch, m, n, k, threads};
+            cpu_amx_set_enabled(0);
             const double tm = time_best(bn, run_quant_packed, &qc);
+            cpu_amx_set_enabled(amx);
             if (m == 1) t1 = tm;
-            printf("  m %lld %7.0f us (%.2fx)", (long long)m, tm * 1e6, tm / t1);
+            printf("  m %lld %6.0f us (%.2fx)", (long long)m, tm * 1e6, tm / t1);
+            if (amx && m > 1) {
+                const double ta = time_best(bn, run_quant_packed, &qc);
+                printf(" amx %6.0f us (%.2fx)", ta * 1e6, ta / t1);
+            }
         }
         printf("\n");
         fflush(stdout);

@@ -10,9 +10,7 @@
  * C (16 x 16 f32) is y^T for 16 rows of w and 16 rows of x, transposed on the way out.
  * Register blocking 2 x 2: C in tmm0-3, A in tmm4-5, B in tmm6-7.
  *
- * The instructions are written as inline assembly with memory clobbers (GCC 12's AMX intrinsics
- * describe their memory operands too narrowly for a buffer that C code only writes); the
- * assembler knows them whatever the target flags. Whether the CPU has the tiles (and Linux's
+ * The instructions: amx_tiles.h (shared with quant_amx.c, Q8_0's int8 products). Whether the CPU has the tiles (and Linux's
  * permission for their state, arch_prctl(ARCH_REQ_XCOMP_PERM)) is cpu_isa.c's question: the
  * tiles are used when cpu_isa() is CPU_ISA_AMX. SHARDLM_CPU_ISA below amx, or its older alias
  * SHARDLM_CPU_AMX=0, turns the path off (f32 products as on other CPUs).
@@ -29,21 +27,10 @@
 #if defined(__x86_64__) && defined(__linux__)
 #include <immintrin.h>
 
+#include "amx_tiles.h"
+
 #define CVT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-struct amx_tilecfg {
-    uint8_t  palette;
-    uint8_t  start_row;
-    uint8_t  reserved[14];
-    uint16_t colsb[16];
-    uint8_t  rows[16];
-};
-
-#define TILE_LOAD(t, base, stride) \
-    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"((long)(stride)) : "memory")
-#define TILE_STORE(t, base, stride) \
-    __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"((long)(stride)) : "memory")
-#define TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
 /* C += A . B in AT&T operand order: B, A, C. */
 #define TILE_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 
@@ -53,10 +40,10 @@ static void amx_config(void)
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+    TILE_CONFIG(cfg);
 }
 
-static void amx_release(void) { __asm__ volatile("tilerelease" ::); }
+static void amx_release(void) { TILE_RELEASE(); }
 
 /* n floats (a multiple of 32) to bf16, round to nearest even. */
 CVT_TARGET static void round_bf16_x32(uint16_t *dst, const float *src, int64_t n)

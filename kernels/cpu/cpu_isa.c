@@ -66,8 +66,9 @@ static enum cpu_isa probe_supported(void)
     if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512vl") ||
         !__builtin_cpu_supports("avx512bw"))
         return CPU_ISA_AVX512;
-    /* AMX-TILE, AMX-BF16 (CPUID 7.0 EDX bits 24, 22), AVX512-BF16 (7.1 EAX bit 5). */
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1) || !(d >> 22 & 1))
+    /* AMX-TILE, AMX-BF16, AMX-INT8 (CPUID 7.0 EDX bits 24, 22, 25: amx.c and quant_amx.c),
+     * AVX512-BF16 (7.1 EAX bit 5). */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1) || !(d >> 22 & 1) || !(d >> 25 & 1))
         return CPU_ISA_AVX512_VNNI;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) return CPU_ISA_AVX512_VNNI;
 #if defined(__x86_64__) && defined(__linux__)
@@ -210,12 +211,13 @@ char *cpu_isa_describe(char *buf, size_t n)
 {
     const struct attn_kernels *at = attn_kernels_best();
     const enum quant_impl qi = quant_impl_best();
-    char sgemm_from[32] = "never", amx[32] = "off";
+    char sgemm_from[32] = "never", amx[64] = "off";
     if (cpu_quant_sgemm_min_m() < INT_MAX)
         snprintf(sgemm_from, sizeof sgemm_from, "from %d rows%s", cpu_quant_sgemm_min_m(),
                  cpu_quant_int8_packed() ? " (packed: never)" : "");
     if (cpu_amx_enabled() && cpu_quant_int8_packed())
-        snprintf(amx, sizeof amx, "on (packed from %d rows)", cpu_quant_amx_packed_min_m());
+        snprintf(amx, sizeof amx, "on (packed from %d rows%s)", cpu_quant_amx_packed_min_m(),
+                 quant_amx_int8_on() ? "; Q8_0 int8 from 2" : "");
     else if (cpu_amx_enabled())
         snprintf(amx, sizeof amx, "on");
     snprintf(buf, n,

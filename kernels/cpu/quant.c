@@ -13,6 +13,7 @@
 #include <string.h>
 #include "base.h"
 #include "cpu_isa.h"
+#include "ops.h"
 #include "quant_impl.h"
 
 /* Below this many multiply-adds one thread does the whole product (as op_matmul). */
@@ -21,6 +22,7 @@
  * share a line of y, and a tile of W (under 10 KB at k = 2048 for Q4_K) stays in L1 while every
  * row of x passes over it. */
 #define ROW_TILE 16
+#define AMX_TILE 256
 
 struct type_info {
     enum quant_type type;
@@ -163,6 +165,7 @@ struct product {
     size_t w_step; /* bytes of one stored row of w, or of one packed group of eight */
     const uint8_t *w, *xq;
     float *y;
+    int amx; /* Q8_0 packed on AMX int8 tiles: runs of 2..16 rows of x there (quant_amx.c) */
 };
 
 typedef void (*product_tile_fn)(const struct product *p, int64_t j0, int64_t j1);
@@ -185,6 +188,11 @@ static void product_run(struct product *p, const float *x, void *scratch, int n_
     const int64_t m = p->m, n = p->n, k = p->k, nb = p->nb;
     const size_t xq_row = p->xq_row;
     const int nt = (double)m * (double)n * (double)k >= QUANT_PARALLEL_MIN ? n_threads : 1;
+    /* AMX: wider tiles (up to AMX_TILE columns, at least 8 a thread), since each call configures
+     * the tiles once. */
+    int64_t tw = ROW_TILE;
+    if (p->amx)
+        while (tw < AMX_TILE && n >= (int64_t)nt * 8 * 2 * tw) tw *= 2;
 
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -192,7 +200,7 @@ static void product_run(struct product *p, const float *x, void *scratch, int n_
         for (int64_t i = 0; i < m; i++) act(x + i * k, xq + (size_t)i * xq_row, nb);
         /* The implied barrier: every row of x is quantized before any product reads it. */
         #pragma omp for schedule(static)
-        for (int64_t j0 = 0; j0 < n; j0 += ROW_TILE) tile(p, j0, j0 + ROW_TILE < n ? j0 + ROW_TILE : n);
+        for (int64_t j0 = 0; j0 < n; j0 += tw) tile(p, j0, j0 + tw < n ? j0 + tw : n);
     }
     free(owned);
 }
@@ -229,9 +237,17 @@ static void stored_tile(const struct product *p, int64_t j0, int64_t j1)
  * while they are in L1. */
 size_t quant_prefetch_far = QUANT_PREFETCH_DEFAULT;
 static pthread_once_t prefetch_once = PTHREAD_ONCE_INIT;
+/* Q8_0's packed products of 2 or more rows on AMX int8 tiles where AMX is on (quant_amx.c);
+ * SHARDLM_CPU_AMX_INT8=0 keeps them on the VNNI kernels (the same bits; for benchmarks). */
+static int amx_int8 = 1;
 
 static void prefetch_init(void)
 {
+    const char *a = getenv("SHARDLM_CPU_AMX_INT8");
+    if (a && *a && strcmp(a, "0") && strcmp(a, "1"))
+        LOG_WARN("cpu", "SHARDLM_CPU_AMX_INT8=%s is not 0 or 1: ignored", a);
+    else if (a && !strcmp(a, "0"))
+        amx_int8 = 0;
     const char *e = getenv("SHARDLM_CPU_PREFETCH");
     char *end = NULL;
     const long v = e && *e ? strtol(e, &end, 10) : -1;
@@ -245,6 +261,12 @@ size_t quant_prefetch_bytes(void)
 {
     pthread_once(&prefetch_once, prefetch_init);
     return quant_prefetch_far;
+}
+
+int quant_amx_int8_on(void)
+{
+    pthread_once(&prefetch_once, prefetch_init);
+    return amx_int8 && cpu_amx_enabled();
 }
 
 /* Four rows of x at a time over each group (each block unpacked once for the four), then two,
@@ -262,6 +284,12 @@ static void packed_tile(const struct product *p, int64_t j0, int64_t j1)
 {
     const quant_packed8_fn packed8 = p->kt->packed8[p->slot];
     int64_t i = 0;
+    if (p->amx)
+        for (int rows; p->m - i >= 2; i += rows) {
+            rows = p->m - i < 16 ? (int)(p->m - i) : 16;
+            quant_amx_packed_q8_0(p->nb, p->w + (size_t)(j0 / 8) * p->w_step, p->w_step, (j1 - j0) / 8,
+                                  p->xq + (size_t)i * p->xq_row, p->xq_row, rows, p->y + i * p->n + j0, p->n);
+        }
     packed_rows(p, p->kt->packed8x4[p->slot], 4, &i, j0, j1);
     packed_rows(p, p->kt->packed8x2[p->slot], 2, &i, j0, j1);
     for (; i < p->m; i++)
@@ -306,7 +334,8 @@ void quant_matmul_packed_impl(enum quant_impl impl, enum quant_type type, float 
     if (m == 0) return;
     (void)quant_prefetch_bytes(); /* sets quant_prefetch_far, which the kernels read */
     struct product p = {.kt = kt, .slot = slot, .m = m, .n = n, .k = k, .w = wp, .y = y,
-                        .w_step = quant_packed_bytes(type, 8, k)};
+                        .w_step = quant_packed_bytes(type, 8, k),
+                        .amx = slot == SLOT_Q8_0 && impl == QUANT_IMPL_AVX512_VNNI && m >= 2 && quant_amx_int8_on()};
     product_run(&p, x, scratch, n_threads, packed_tile);
 }
 
