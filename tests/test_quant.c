@@ -502,15 +502,15 @@ static void check_packed(enum quant_type t)
     free(a), free(b), free(x), free(ref), free(y), free(first), free(w), free(wp);
 }
 
-/* Q8_0's packed product on AMX int8 tiles (kernels/cpu/quant_amx.c), from 2 rows of x: the stored
- * product's bits (the VNNI kernels') at every row count a step meets (2..16 in one call, 17 and
- * 33 as 16 + 1 and 16 + 16 + 1), over groups of one, two and three in flight (n 328: tiles of 2
- * and 4 groups), an odd block count, 1 and 2 threads. SKIP on a CPU without the tiles. */
-static void check_packed_amx(void)
+/* The 32-element packed types on AMX int8 tiles (kernels/cpu/quant_amx.c), from 2 rows of x: the
+ * stored product's bits (the VNNI kernels') at every row count a step meets (2..16 in one call,
+ * 17 and 33 as 16 + 1 and 16 + 16 + 1), over groups of one, two and three in flight (n 328: tiles
+ * of 2 and 4 groups), an odd block count, 1 and 2 threads. SKIP on a CPU without the tiles. */
+static void check_packed_amx(enum quant_type t)
 {
-    const enum quant_type t = QUANT_TYPE_Q8_0;
     if (!quant_amx_int8_on()) {
-        printf("SKIP Q8_0 on AMX int8 tiles: %s\n", cpu_amx_enabled() ? "SHARDLM_CPU_AMX_INT8=0" : "this CPU has no AMX (or it is off)");
+        printf("SKIP %s on AMX int8 tiles: %s\n", quant_type_name(t),
+               cpu_amx_enabled() ? "SHARDLM_CPU_AMX_INT8=0" : "this CPU has no AMX (or it is off)");
         return;
     }
     const int64_t n = 328, k = 9 * 32, row = (int64_t)quant_row_bytes(t, k), mmax = 33;
@@ -530,8 +530,8 @@ static void check_packed_amx(void)
             ok &= memcmp(y, ref, (size_t)(m * n) * sizeof *y) == 0;
             runs++;
         }
-    check(ok && runs == 16, "Q8_0 packed on AMX int8 tiles (n %lld, k %lld, m 2..33, 1 and 2 threads): the stored "
-          "product's bits %s", (long long)n, (long long)k, ok ? "ok" : "WRONG");
+    check(ok && runs == 16, "%s packed on AMX int8 tiles (n %lld, k %lld, m 2..33, 1 and 2 threads): the stored "
+          "product's bits %s", quant_type_name(t), (long long)n, (long long)k, ok ? "ok" : "WRONG");
     free(w), free(wp), free(x), free(ref), free(y);
 }
 
@@ -688,7 +688,11 @@ int main(void)
     check_packed(QUANT_TYPE_Q5_0);
     check_packed(QUANT_TYPE_Q5_1);
     check_packed(QUANT_TYPE_Q6_K);
-    check_packed_amx();
+    check_packed_amx(QUANT_TYPE_Q8_0);
+    check_packed_amx(QUANT_TYPE_Q4_0);
+    check_packed_amx(QUANT_TYPE_Q4_1);
+    check_packed_amx(QUANT_TYPE_Q5_0);
+    check_packed_amx(QUANT_TYPE_Q5_1);
     check(!quant_packable(QUANT_TYPE_IQ4_NL, 8, 32) && !quant_packable(QUANT_TYPE_MXFP4, 8, 64) && !quant_packable(QUANT_TYPE_Q5_K, 8, 256) &&
               quant_packable(QUANT_TYPE_Q6_K, 8, 256) && !quant_packable(QUANT_TYPE_Q6_K, 8, 128) &&
               quant_packed_bytes(QUANT_TYPE_Q6_K, 16, 256) == 16 * quant_row_bytes(QUANT_TYPE_Q6_K, 256) &&

@@ -217,7 +217,7 @@ char *cpu_isa_describe(char *buf, size_t n)
                  cpu_quant_int8_packed() ? " (packed: never)" : "");
     if (cpu_amx_enabled() && cpu_quant_int8_packed())
         snprintf(amx, sizeof amx, "on (packed from %d rows%s)", cpu_quant_amx_packed_min_m(),
-                 quant_amx_int8_on() ? "; Q8_0 int8 from 2" : "");
+                 quant_amx_int8_on() ? "; 32-element types int8 from 2" : "");
     else if (cpu_amx_enabled())
         snprintf(amx, sizeof amx, "on");
     snprintf(buf, n,

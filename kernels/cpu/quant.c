@@ -165,7 +165,7 @@ struct product {
     size_t w_step; /* bytes of one stored row of w, or of one packed group of eight */
     const uint8_t *w, *xq;
     float *y;
-    int amx; /* Q8_0 packed on AMX int8 tiles: runs of 2..16 rows of x there (quant_amx.c) */
+    int amx; /* on AMX int8 tiles: runs of 2..16 rows of x there (quant_amx.c) */
 };
 
 typedef void (*product_tile_fn)(const struct product *p, int64_t j0, int64_t j1);
@@ -287,8 +287,9 @@ static void packed_tile(const struct product *p, int64_t j0, int64_t j1)
     if (p->amx)
         for (int rows; p->m - i >= 2; i += rows) {
             rows = p->m - i < 16 ? (int)(p->m - i) : 16;
-            quant_amx_packed_q8_0(p->nb, p->w + (size_t)(j0 / 8) * p->w_step, p->w_step, (j1 - j0) / 8,
-                                  p->xq + (size_t)i * p->xq_row, p->xq_row, rows, p->y + i * p->n + j0, p->n);
+            if (!quant_amx_packed(p->slot, p->nb, p->w + (size_t)(j0 / 8) * p->w_step, p->w_step, (j1 - j0) / 8,
+                                  p->xq + (size_t)i * p->xq_row, p->xq_row, rows, p->y + i * p->n + j0, p->n))
+                break;
         }
     packed_rows(p, p->kt->packed8x4[p->slot], 4, &i, j0, j1);
     packed_rows(p, p->kt->packed8x2[p->slot], 2, &i, j0, j1);
@@ -335,7 +336,8 @@ void quant_matmul_packed_impl(enum quant_impl impl, enum quant_type type, float 
     (void)quant_prefetch_bytes(); /* sets quant_prefetch_far, which the kernels read */
     struct product p = {.kt = kt, .slot = slot, .m = m, .n = n, .k = k, .w = wp, .y = y,
                         .w_step = quant_packed_bytes(type, 8, k),
-                        .amx = slot == SLOT_Q8_0 && impl == QUANT_IMPL_AVX512_VNNI && m >= 2 && quant_amx_int8_on()};
+                        .amx = type_infos[slot].block_size == 32 && impl == QUANT_IMPL_AVX512_VNNI && m >= 2 &&
+                               quant_amx_int8_on()};
     product_run(&p, x, scratch, n_threads, packed_tile);
 }
 

@@ -170,11 +170,12 @@ void quant_scalar_packed8_q5_1(int64_t nb, const void *wp, const void *xq, float
  * isum = sum_g sc_g (sum(q x) - 32 sum(x)) over its 16 groups, acc = fmaf(d * d_x, isum, acc),
  * y = acc + 0. */
 void quant_scalar_packed8_q6_k(int64_t nb, const void *wp, const void *xq, float *y);
-/* Q8_0 over the packed layout on AMX int8 tiles (quant_amx.c; x86-64 Linux with cpu_amx_enabled):
- * rows (1..16) rows of quantized x (xq, xs bytes apart) against `groups` packed groups of eight
- * rows of w (wp, w_step bytes apart) into y[r ys + 8 g + 0..8]; every row's bits are packed8's. */
-void quant_amx_packed_q8_0(int64_t nb, const uint8_t *wp, size_t w_step, int64_t groups, const uint8_t *xq, size_t xs,
-                           int rows, float *y, int64_t ys);
+/* The 32-element packed types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on AMX int8 tiles (quant_amx.c;
+ * x86-64 Linux with cpu_amx_enabled): rows (1..16) rows of quantized x (xq, xs bytes apart)
+ * against `groups` packed groups of eight rows of w (wp, w_step bytes apart) into
+ * y[r ys + 8 g + 0..8]; every row's bits are packed8's. 0 (nothing written) for other types. */
+int quant_amx_packed(int slot, int64_t nb, const uint8_t *wp, size_t w_step, int64_t groups, const uint8_t *xq,
+                     size_t xs, int rows, float *y, int64_t ys);
 
 
 /* The block-exact order of Q4_K and Q5_K (every implementation, both layouts): per super-block
