@@ -127,9 +127,9 @@ void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, con
  * The bits never depend on it. */
 #define QUANT_PREFETCH_DEFAULT 4096
 size_t          quant_prefetch_bytes(void);
-/* 1 when Q8_0's packed products of 2 or more rows of x take the AMX int8 tiles (kernels/cpu/
- * quant_amx.c): AMX on (cpu_amx_enabled) and not SHARDLM_CPU_AMX_INT8=0; the bits are the VNNI
- * kernels' either way. */
+/* 1 when the packed products of the 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) with 2 or
+ * more rows of x take the AMX int8 tiles (kernels/cpu/quant_amx.c): AMX on (cpu_amx_enabled) and
+ * not SHARDLM_CPU_AMX_INT8=0; the bits are the VNNI kernels' either way. */
 int             quant_amx_int8_on(void);
 
 /* quant_matmul_packed with the given implementation, which must be available (CHECK). */

@@ -13,7 +13,8 @@
  * with VNNI), else to dequantized tiles (f32 + sgemm; packed weights are dequantized from the
  * packed copy). On CPUs
  * with AMX, bf16 w and block w from QUANT_AMX_MIN_M rows take the bf16 tiles (amx.c), packed
- * block w that the int8 products take at every row count only from QUANT_AMX_PACKED_MIN_M.
+ * block w that the int8 products take at every row count only from QUANT_AMX_PACKED_MIN_M (below
+ * it the int8 products of the 32-element types run on the int8 tiles themselves: quant_amx.c).
  * The backward converts dy and x to f32 once, and w and a half-precision dw a block of rows at a
  * time, so that scratch never holds a whole weight.
  * Tests: tests/test_ops.c (matmul cases), tests/test_ops_backward.c (matmul_backward cases),

@@ -237,8 +237,9 @@ static void stored_tile(const struct product *p, int64_t j0, int64_t j1)
  * while they are in L1. */
 size_t quant_prefetch_far = QUANT_PREFETCH_DEFAULT;
 static pthread_once_t prefetch_once = PTHREAD_ONCE_INIT;
-/* Q8_0's packed products of 2 or more rows on AMX int8 tiles where AMX is on (quant_amx.c);
- * SHARDLM_CPU_AMX_INT8=0 keeps them on the VNNI kernels (the same bits; for benchmarks). */
+/* The 32-element types' packed products of 2 or more rows on AMX int8 tiles where AMX is on
+ * (quant_amx.c); SHARDLM_CPU_AMX_INT8=0 keeps them on the VNNI kernels (the same bits; for
+ * benchmarks). */
 static int amx_int8 = 1;
 
 static void prefetch_init(void)

@@ -1,20 +1,24 @@
-/* kernels/cpu/quant_amx.c - Q8_0 products over the packed layout on Intel AMX int8 tiles, for
- * the few rows of x of a step that verifies drafts or decodes a small batch (2 to 16 rows at a
- * time): the rows of x are the tiles' A (their int8 quants read in place, one block of 32 a
- * tile), a packed block of eight rows of w is B as it is stored (its eight chunks of 32 bytes
- * are the instruction's four-byte groups: quant_impl.h), C the block's exact integer sums.
- * tdpbsud (signed x, unsigned w + 128) gives sum((w + 128) x) in int32 exactly, the sum the
- * VNNI kernels' vpdpbusd gives, and the block's float step is theirs (is - 128 sum(x),
- * acc = fma(d_w d_x, is, acc), y = acc + 0): the block-exact order of quant_impl.h, so every row
- * has the bits of the one-row kernels on any CPU.
+/* kernels/cpu/quant_amx.c - the 32-element block types over the packed layout (Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0) on Intel AMX int8 tiles, for the few rows of x of a step that verifies drafts,
+ * decodes a batch or fills a short prompt (2 to 16 rows a call): the rows of x are the tiles' A
+ * (their int8 quants read in place, one block of 32 a tile), a packed block of eight rows of w is
+ * B (Q8_0's eight chunks of 32 bytes as stored: they are the instruction's four-byte groups,
+ * quant_impl.h; the nibble types' unpacked per block into 256 bytes first, the fifth bits ORed
+ * in), C the block's exact integer sums. tdpbsud (signed x, unsigned w) gives sum(q x) in int32
+ * exactly, the sum the VNNI kernels' vpdpbusd gives, and the block's float step is theirs
+ * (is - zero sum(x), acc = fma(d_w d_x, is, acc), accm = fma(m, d_x sum(x), accm), y = acc +
+ * accm): the block-exact order of quant_impl.h, so every row has the bits of the one-row kernels
+ * on any CPU.
  * Why: the VNNI kernels multiply in the vector units, so on a CPU with fast memory the LM head
- * of Gemma 3 (262,144 x 640 Q8_0) costs 1.6x a row's time at four rows (bench_quant --verify):
- * the tiles take the rows' products off the vector units.
- * Tiles: A in tmm0-1 (rows x 32 bytes), B in tmm2-3 (8 x 32 bytes), C in tmm4-5 (rows x 8
- * int32), two blocks in flight. The tiles are on where cpu_amx_enabled() (SHARDLM_CPU_ISA below
- * amx turns them off); quant.c decides when (quant_amx_rows).
- * Tests: tests/test_quant.c (check_packed: every row count's bits equal the stored product's,
- * AMX on and off); benchmark: tests/bench_quant.c --verify. */
+ * of Gemma 3 (262,144 x 640 Q8_0) cost 1.8x a row's time at five rows (bench_quant --verify); the
+ * tiles take the rows' products off the vector units (1.26x).
+ * Tiles: A in tmm0 (rows x 32 bytes), B in tmm1-3 (8 x 32 bytes), C in tmm4-6 (rows x 8 int32):
+ * three groups of w in flight. On where quant_amx_int8_on() (quant.c: cpu_amx_enabled and not
+ * SHARDLM_CPU_AMX_INT8=0); quant.c's packed_tile decides when (2 rows or more).
+ * Not here: the K-quants (their sub-block scales would need an integer step per 32 elements and
+ * row; they stay on the VNNI kernels below the bf16 tiles' 96 rows, matmul.c).
+ * Tests: tests/test_quant.c (check_packed_amx: every row count's bits equal the stored product's,
+ * each type); benchmark: tests/bench_quant.c --verify. */
 #include "quant_impl.h"
 
 #include <stddef.h>
