@@ -504,8 +504,9 @@ static void check_packed(enum quant_type t)
 
 /* The 32-element packed types on AMX int8 tiles (kernels/cpu/quant_amx.c), from 2 rows of x: the
  * stored product's bits (the VNNI kernels') at every row count a step meets (2..16 in one call,
- * 17 and 33 as 16 + 1 and 16 + 16 + 1), over groups of one, two and three in flight (n 328: tiles
- * of 2 and 4 groups), an odd block count, 1 and 2 threads. SKIP on a CPU without the tiles. */
+ * 17 and 33 as 16 + 1 and 16 + 16 + 1), over one, two and three groups in flight (n 328 and 680:
+ * calls of 2, 4 and 8 groups and last ones of 1, 3 and 5), an odd block count, 1 and 2 threads.
+ * SKIP on a CPU without the tiles. */
 static void check_packed_amx(enum quant_type t)
 {
     if (!quant_amx_int8_on()) {
@@ -513,26 +514,29 @@ static void check_packed_amx(enum quant_type t)
                cpu_amx_enabled() ? "SHARDLM_CPU_AMX_INT8=0" : "this CPU has no AMX (or it is off)");
         return;
     }
-    const int64_t n = 328, k = 9 * 32, row = (int64_t)quant_row_bytes(t, k), mmax = 33;
-    uint8_t *w = malloc((size_t)(n * row)), *wp = malloc(quant_packed_bytes(t, n, k));
-    float *x = malloc((size_t)(mmax * k) * sizeof *x), *ref = malloc((size_t)(mmax * n) * sizeof *ref);
-    float *y = malloc((size_t)(mmax * n) * sizeof *y);
-    fill_blocks(t, w, n * row / (int64_t)quant_block_bytes(t));
-    quant_pack_rows8(t, wp, w, n, k);
-    for (int64_t i = 0; i < mmax * k; i++) x[i] = (float)(rnd_uniform() * 4 - 2);
-    static const int64_t ms[] = {2, 3, 4, 5, 8, 16, 17, 33};
+    static const int64_t ns[] = {328, 680}, ms[] = {2, 3, 4, 5, 8, 16, 17, 33};
+    const int64_t k = 9 * 32, row = (int64_t)quant_row_bytes(t, k), mmax = 33;
     int ok = 1, runs = 0;
-    for (size_t im = 0; im < sizeof ms / sizeof *ms; im++)
-        for (int nt = 1; nt <= 2; nt++) {
-            const int64_t m = ms[im];
-            quant_matmul_impl(QUANT_IMPL_AVX512_VNNI, t, ref, x, w, m, n, k, NULL, nt);
-            quant_matmul_packed_impl(QUANT_IMPL_AVX512_VNNI, t, y, x, wp, m, n, k, NULL, nt);
-            ok &= memcmp(y, ref, (size_t)(m * n) * sizeof *y) == 0;
-            runs++;
-        }
-    check(ok && runs == 16, "%s packed on AMX int8 tiles (n %lld, k %lld, m 2..33, 1 and 2 threads): the stored "
-          "product's bits %s", quant_type_name(t), (long long)n, (long long)k, ok ? "ok" : "WRONG");
-    free(w), free(wp), free(x), free(ref), free(y);
+    for (int in = 0; in < 2; in++) {
+        const int64_t n = ns[in];
+        uint8_t *w = malloc((size_t)(n * row)), *wp = malloc(quant_packed_bytes(t, n, k));
+        float *x = malloc((size_t)(mmax * k) * sizeof *x), *ref = malloc((size_t)(mmax * n) * sizeof *ref);
+        float *y = malloc((size_t)(mmax * n) * sizeof *y);
+        fill_blocks(t, w, n * row / (int64_t)quant_block_bytes(t));
+        quant_pack_rows8(t, wp, w, n, k);
+        for (int64_t i = 0; i < mmax * k; i++) x[i] = (float)(rnd_uniform() * 4 - 2);
+        for (size_t im = 0; im < sizeof ms / sizeof *ms; im++)
+            for (int nt = 1; nt <= 2; nt++) {
+                const int64_t m = ms[im];
+                quant_matmul_impl(QUANT_IMPL_AVX512_VNNI, t, ref, x, w, m, n, k, NULL, nt);
+                quant_matmul_packed_impl(QUANT_IMPL_AVX512_VNNI, t, y, x, wp, m, n, k, NULL, nt);
+                ok &= memcmp(y, ref, (size_t)(m * n) * sizeof *y) == 0;
+                runs++;
+            }
+        free(w), free(wp), free(x), free(ref), free(y);
+    }
+    check(ok && runs == 32, "%s packed on AMX int8 tiles (n 328 and 680, k %lld, m 2..33, 1 and 2 threads): the stored "
+          "product's bits %s", quant_type_name(t), (long long)k, ok ? "ok" : "WRONG");
 }
 
 /* MXFP4's scale and its 17-byte blocks. The E8M0 byte e is half a scale of 2^(e - 127) (the
