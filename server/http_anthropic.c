@@ -250,7 +250,7 @@ static enum status translate(const cJSON *o, int count, const struct http_chat_c
 {
     static const char *const fields[] = {"model",  "max_tokens", "messages",    "system", "temperature",
                                          "top_p",  "top_k",      "stop_sequences", "stream", "metadata",
-                                         "tools",  "tool_choice", "thinking",   NULL};
+                                         "tools",  "tool_choice", "thinking",   "cache_salt", NULL};
     static const char *const count_fields[] = {"model", "messages", "system", "tools", "tool_choice", "thinking", NULL};
     enum status st = only_fields(o, "", count ? count_fields : fields);
     if (st != STATUS_OK) return st;
@@ -265,7 +265,8 @@ static enum status translate(const cJSON *o, int count, const struct http_chat_c
         if (!cJSON_IsNumber(v)) return bad("'max_tokens' must be an integer%s%s", "", "");
         if (v->valuedouble < 1) return bad("'max_tokens' must be >= 1%s%s", "", "");
         cJSON_AddItemToObject(c, "max_tokens", dup_item(v));
-        static const char *const pass[] = {"temperature", "top_p", "top_k", "stream"};
+        /* cache_salt: vLLM's extra field (the SDK's extra_body), checked by the chat parser. */
+        static const char *const pass[] = {"temperature", "top_p", "top_k", "stream", "cache_salt"};
         for (size_t i = 0; i < sizeof pass / sizeof *pass; i++)
             if ((v = get(o, pass[i]))) cJSON_AddItemToObject(c, pass[i], dup_item(v));
         if (!get(o, "temperature")) cJSON_AddNumberToObject(c, "temperature", 1.0); /* Anthropic's default */

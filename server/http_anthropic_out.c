@@ -56,10 +56,21 @@ static void stop_reason(const struct http_gen *g, int calls, cJSON *o)
     else cJSON_AddNullToObject(o, "stop_sequence");
 }
 
+/* Anthropic's input counts: input_tokens are the prompt tokens computed, cache_read_input_tokens
+ * those the prefix cache served (the three add up to the prompt; shardlm's cache writes itself,
+ * so nothing is reported as a cache write). */
+static void add_input(const struct http_gen *g, cJSON *u)
+{
+    const int cached = g->runs[0].cached_prompt_tokens;
+    cJSON_AddNumberToObject(u, "input_tokens", g->runs[0].prompt_tokens - cached);
+    cJSON_AddNumberToObject(u, "cache_creation_input_tokens", 0);
+    cJSON_AddNumberToObject(u, "cache_read_input_tokens", cached);
+}
+
 static void add_usage(const struct http_gen *g, cJSON *o, int input)
 {
     cJSON *u = http_json_ok(cJSON_AddObjectToObject(o, "usage"));
-    if (input) cJSON_AddNumberToObject(u, "input_tokens", g->runs[0].prompt_tokens);
+    if (input) add_input(g, u);
     cJSON_AddNumberToObject(u, "output_tokens", g->samples[0].completion_tokens);
 }
 
@@ -161,7 +172,7 @@ static void start_message(struct http_gen *g)
     cJSON_AddNullToObject(m, "stop_reason");
     cJSON_AddNullToObject(m, "stop_sequence");
     cJSON *u = http_json_ok(cJSON_AddObjectToObject(m, "usage"));
-    cJSON_AddNumberToObject(u, "input_tokens", g->runs[0].prompt_tokens);
+    add_input(g, u);
     cJSON_AddNumberToObject(u, "output_tokens", 0);
     cJSON *o = typed("message_start");
     cJSON_AddItemToObject(o, "message", m);

@@ -609,14 +609,16 @@ static enum status translate(struct server *s, const cJSON *o, const char *owner
         "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning",
         "max_output_tokens", "temperature", "top_p", "seed", "metadata", "store", "stream", "previous_response_id",
         "user", "background", "truncation", "include", "service_tier", "max_tool_calls", "top_logprobs", "prompt",
-        "prompt_cache_key", "safety_identifier", "conversation", "stream_options", NULL};
+        "prompt_cache_key", "safety_identifier", "conversation", "stream_options", "cache_salt", NULL};
     enum status st = only_fields(o, "", count ? count_fields : fields);
     if (st == STATUS_OK) st = refuse_inert(o);
     if (st != STATUS_OK) return st;
     cJSON *c = cJSON_CreateObject();
     CHECK(c, "out of memory");
     *out = c;
-    static const char *const pass[] = {"model", "temperature", "top_p", "seed", "stream", "user", "parallel_tool_calls"};
+    /* cache_salt: vLLM's extra field, checked by the chat parser. */
+    static const char *const pass[] = {"model", "temperature", "top_p", "seed", "stream", "user", "parallel_tool_calls",
+                                       "cache_salt"};
     for (size_t i = 0; i < sizeof pass / sizeof *pass; i++)
         if (get(o, pass[i])) cJSON_AddItemToObject(c, pass[i], dup_item(get(o, pass[i])));
     const cJSON *v;

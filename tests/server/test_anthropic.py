@@ -60,14 +60,21 @@ def expect_400(fn, needle, label):
               f"{label}: 400 invalid_request_error naming {needle!r} ({err.get('message')})")
 
 
+def total_in(u):
+    """Anthropic's input counts add up to the prompt: computed + read from the prefix cache + written."""
+    return u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0)
+
+
 def plain(an, oa, mid):
     m = an.messages.create(model=mid, max_tokens=24, messages=ASK, extra_body=T0)
     c = oa.chat.completions.create(model=mid, messages=ASK, max_tokens=24, temperature=0)
     text = m.content[0].text if m.content and m.content[0].type == "text" else None
     check(m.type == "message" and m.role == "assistant" and m.id.startswith("msg_"), "message envelope")
     check(text == c.choices[0].message.content, f"greedy text equals chat's: {text!r}")
-    check(m.usage.input_tokens == c.usage.prompt_tokens and m.usage.output_tokens == c.usage.completion_tokens,
-          f"usage equals chat's ({m.usage.input_tokens}, {m.usage.output_tokens})")
+    check(total_in(m.usage) == c.usage.prompt_tokens and m.usage.output_tokens == c.usage.completion_tokens,
+          f"usage equals chat's ({m.usage.input_tokens} + {m.usage.cache_read_input_tokens} read, "
+          f"{m.usage.output_tokens})")
+    # (cache_read_input_tokens with the prefix cache on: test_http.py's cache_salt group.)
     check(m.stop_reason in ("end_turn", "max_tokens"), f"stop_reason {m.stop_reason}")
     if m.stop_reason == "max_tokens":
         check(m.usage.output_tokens == 24, "max_tokens: 24 tokens out")
@@ -97,7 +104,7 @@ def plain(an, oa, mid):
                             extra_body=T0)
     cs = oa.chat.completions.create(model=mid, max_tokens=16, temperature=0,
                                     messages=[{"role": "system", "content": sys_text}] + ASK)
-    check(ms.usage.input_tokens == cs.usage.prompt_tokens == mb.usage.input_tokens and
+    check(total_in(ms.usage) == cs.usage.prompt_tokens == total_in(mb.usage) and
           ms.content[0].text == cs.choices[0].message.content == mb.content[0].text, "system prompt as chat's")
 
     # stop_sequences: a word of the greedy reply ends it there.
@@ -148,7 +155,7 @@ def tools(an, mid):
                                                   "content": [{"type": "text", "text": "18 degrees, sunny"}]}]}]
     r = an.messages.create(model=mid, max_tokens=24, messages=follow, tools=[WEATHER], extra_body=T0)
     n = an.messages.count_tokens(model=mid, messages=follow, tools=[WEATHER])
-    check(r.usage.input_tokens == n.input_tokens and n.input_tokens > 40, f"tool_result turn: {n.input_tokens} tokens, "
+    check(total_in(r.usage) == n.input_tokens and n.input_tokens > 40, f"tool_result turn: {n.input_tokens} tokens, "
           f"{r.stop_reason}, {[b.type for b in r.content]}")
 
 

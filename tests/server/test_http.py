@@ -1024,7 +1024,8 @@ GROUPS["verify_prefix"] = group_verify_prefix
 
 def group_cache_salt(env):
     """vLLM's cache_salt: the prefix cache shares a prompt's blocks only between requests of the same
-    salt (usage.prompt_tokens_details.cached_tokens says what was reused), the answers unchanged;
+    salt (usage.prompt_tokens_details.cached_tokens says what was reused; Anthropic's Messages
+    cache_read_input_tokens, the Responses API input_tokens_details), the answers unchanged;
     --prefix-cache-per-key shares them only within one API key's owner; bad salts and the flag
     without keys are refused by name."""
     story = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park "
@@ -1051,6 +1052,27 @@ def group_cache_salt(env):
         c1, _ = ask(srv, "salt-one", path="/v1/chat/completions")
         c2, _ = ask(srv, "salt-one", path="/v1/chat/completions")
         c3, _ = ask(srv, "salt-three", path="/v1/chat/completions")
+
+        def ask_more(path, salt):  # Anthropic's Messages and the Responses API take the salt too
+            if path == "/v1/messages":
+                body = {"max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": story}]}
+            else:
+                body = {"max_output_tokens": 8, "temperature": 0, "input": story, "store": False}
+            code, ans = http(srv, "POST", path, dict(body, cache_salt=salt))
+            check(code == 200, f"cache_salt {salt!r} on {path}: {code} {str(ans)[:200]}")
+            u = ans.get("usage", {}) if code == 200 else {}
+            if path == "/v1/messages":  # computed + read from the cache = the prompt
+                return u.get("cache_read_input_tokens", -1), u.get("input_tokens", 0) + u.get("cache_read_input_tokens", 0)
+            return (u.get("input_tokens_details") or {}).get("cached_tokens", -1), u.get("input_tokens", 0)
+        an = [ask_more("/v1/messages", salt) for salt in ("an-salt", "an-salt", "an-other")]
+        rs = [ask_more("/v1/responses", salt) for salt in ("rs-salt", "rs-salt", "rs-other")]
+        code, ans = http(srv, "POST", "/v1/messages", {"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
+                                                       "cache_salt": ""})
+        check(code == 400 and "'cache_salt' must be 1 to 1024 bytes" in json.dumps(ans),
+              f"an empty cache_salt on /v1/messages: {code} {str(ans)[:160]}")
+        check(an[0][0] == 0 and an[1][0] >= 16 and an[2][0] == 0 and an[0][1] == an[1][1] == an[2][1] > 16,
+              f"cache_salt on /v1/messages (cache_read_input_tokens, prompt): {an}")
+        check(rs[0][0] == 0 and rs[1][0] >= 16 and rs[2][0] == 0, f"cache_salt on /v1/responses (cached, input): {rs}")
         with srv.grpc() as g:  # GenerateRequest / ChatRequest cache_salt
             g1 = g.generate(story, max_tokens=8, temperature=0, cache_salt="grpc-salt").cached_prompt_tokens
             g2 = g.generate(story, max_tokens=8, temperature=0, cache_salt="grpc-salt").cached_prompt_tokens
