@@ -106,8 +106,7 @@ rows_run(const struct geom g, int64_t nb, const uint8_t *wp, size_t w_step, int6
             if (quant_prefetch_far)
                 for (size_t o = 0; o < 3 * g.bytes; o += 64)
                     _mm_prefetch((const char *)w + 3 * w_step + (size_t)b * 3 * g.bytes + o, _MM_HINT_T0);
-            const uint8_t *src[3];
-            long stride = 32;
+            const uint8_t *src[3]; /* each group's B: 8 lines of 32 bytes */
             for (int h = 0; h < ng; h++) {
                 if (g.q8) {
                     src[h] = wb + (size_t)h * w_step + 16;
@@ -117,16 +116,16 @@ rows_run(const struct geom g, int64_t nb, const uint8_t *wp, size_t w_step, int6
                 }
             }
             TILE_LOAD(0, xb + qs, xs);
-            TILE_LOAD(1, src[0], stride);
+            TILE_LOAD(1, src[0], 32);
             TILE_ZERO(4);
             TILE_DPBSUD(4, 0, 1);
             if (ng > 1) {
-                TILE_LOAD(2, src[1], stride);
+                TILE_LOAD(2, src[1], 32);
                 TILE_ZERO(5);
                 TILE_DPBSUD(5, 0, 2);
             }
             if (ng > 2) {
-                TILE_LOAD(3, src[2], stride);
+                TILE_LOAD(3, src[2], 32);
                 TILE_ZERO(6);
                 TILE_DPBSUD(6, 0, 3);
             }
