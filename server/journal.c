@@ -437,12 +437,14 @@ static enum status load(const char *path, struct journal_entry **out, int *n_out
 }
 
 /* Writes the entries (ACCEPT and events) to path, fsync'd. */
+/* The entries as the whole file at path, written beside it and renamed over it (base_atomic_*:
+ * synced, the directory too), so that a crash during compaction leaves the old journal. */
 static enum status write_entries(const char *path, const struct journal_entry *v, int n)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
-    struct journal j = {.fd = fd, .path = (char *)path};
-    enum status st = STATUS_OK;
+    struct base_atomic a;
+    enum status st = base_atomic_open(&a, path, 0600);
+    if (st != STATUS_OK) return st;
+    struct journal j = {.fd = a.fd, .path = a.tmp};
     for (int i = 0; st == STATUS_OK && i < n; i++) {
         struct wbuf b = record();
         put_accept(&b, &v[i]);
@@ -455,9 +457,11 @@ static enum status write_entries(const char *path, const struct journal_entry *v
             st = append(&j, &b, 0);
         }
     }
-    if (st == STATUS_OK && fsync(fd) != 0) st = status_errorf(STATUS_IO, "%s: fsync: %s", path, strerror(errno));
-    close(fd);
-    return st;
+    if (st != STATUS_OK) {
+        base_atomic_abort(&a);
+        return st;
+    }
+    return base_atomic_commit(&a);
 }
 
 enum status journal_open(const char *dir, enum journal_fsync policy,
@@ -467,29 +471,24 @@ enum status journal_open(const char *dir, enum journal_fsync policy,
     *out = NULL, *pending = NULL, *n_pending = 0;
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) return status_errorf(STATUS_IO, "--journal %s: %s", dir, strerror(errno));
     size_t n_path = strlen(dir) + 16;
-    char *path = malloc(n_path), *tmp = malloc(n_path);
+    char *path = malloc(n_path);
     struct journal *j = calloc(1, sizeof *j);
-    if (!path || !tmp || !j) {
-        free(path), free(tmp), free(j);
+    if (!path || !j) {
+        free(path), free(j);
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "journal: out of memory");
     }
     snprintf(path, n_path, "%s/journal", dir);
-    snprintf(tmp, n_path, "%s/journal.tmp", dir);
     struct journal_entry *v = NULL;
     int n = 0;
     size_t valid = 0;
     enum status st = access(path, F_OK) == 0 ? load(path, &v, &n, &valid) : STATUS_OK;
     for (int i = 0; st == STATUS_OK && upgrade_owner && i < n; i++) upgrade_owner(ctx, v[i].owner, sizeof v[i].owner);
     /* Compaction: the open requests alone, written beside and renamed over the old file. */
-    if (st == STATUS_OK) st = write_entries(tmp, v, n);
-    if (st == STATUS_OK && rename(tmp, path) != 0) st = status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+    if (st == STATUS_OK) st = write_entries(path, v, n);
     if (st == STATUS_OK) {
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) fsync(dfd), close(dfd);
         j->fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
         if (j->fd < 0) st = status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
     }
-    free(tmp);
     if (st != STATUS_OK) {
         for (int i = 0; i < n; i++) journal_entry_free(&v[i]);
         free(v), free(path), free(j);

@@ -28,7 +28,7 @@
 
 /* ---- output directory and extras --------------------------------------------------------- */
 
-/* Copies dir_in/name to dir_out/name through name.tmp, when dir_in/name exists. */
+/* Copies dir_in/name to dir_out/name (base_copy_file: whole or not at all), when dir_in/name exists. */
 static enum status ck_copy_file(const char *dir_in, const char *dir_out, const char *name)
 {
     enum status s = STATUS_OK;

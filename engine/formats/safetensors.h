@@ -116,8 +116,9 @@ void safetensors_gather(void *dst, enum dtype dst_dtype, const void *src, enum d
 
 /* ---- writer ------------------------------------------------------------------------------
  * Usage: begin; add / add_deferred / set_metadata any number of times; finish (or free to
- * abandon). The file appears at `path` only when finish succeeds: it is written to path.tmp,
- * flushed to disk and renamed. The header is padded with spaces to a multiple of 8, and the
+ * abandon). The file appears at `path` only when finish succeeds: it is written to a temporary
+ * of its own beside path (base_atomic_*: mkstemp's PATH.XXXXXX, mode 0644), synced and renamed,
+ * the directory synced. The header is padded with spaces to a multiple of 8, and the
  * data of larger element types is placed first, so that every tensor's data is aligned to its
  * element size when the file is mapped. Not thread-safe: one writer, one thread. */
 struct safetensors_writer;
@@ -125,7 +126,7 @@ struct safetensors_writer;
 /* Fills dst (nbytes, 64-byte aligned, the tensor's bytes) when finish writes the tensor. */
 typedef enum status (*safetensors_fill_fn)(void *ctx, void *dst, size_t nbytes);
 
-/* Creates path.tmp now, so that an unwritable directory fails early (STATUS_IO). */
+/* Creates the temporary now, so that an unwritable directory fails early (STATUS_IO). */
 enum status safetensors_writer_begin(const char *path, struct safetensors_writer **out);
 /* Adds a tensor of shape[0..ndim) (ndim 0 .. ST_MAX_DIMS). Borrows data: it must stay valid and
  * unchanged until finish or free returns. Name and shape are copied. A duplicate or empty name
@@ -147,10 +148,10 @@ enum status safetensors_writer_add_deferred(struct safetensors_writer *w, const 
  * SAFETENSORS_BLOCKS_KEY is the writer's own (STATUS_INVALID_ARGUMENT). */
 enum status safetensors_writer_set_metadata(struct safetensors_writer *w, const char *key,
                                             const char *value);
-/* Writes header and data, then renames path.tmp to path. Frees w whatever the outcome; on
- * failure path.tmp is removed and path is untouched. */
+/* Writes header and data, then renames the temporary to path. Frees w whatever the outcome; on
+ * failure the temporary is removed and path is untouched. */
 enum status safetensors_writer_finish(struct safetensors_writer *w);
-/* Abandons the writer: removes path.tmp and frees. Accepts NULL. */
+/* Abandons the writer: removes the temporary and frees. Accepts NULL. */
 void        safetensors_writer_free(struct safetensors_writer *w);
 
 #ifdef __cplusplus

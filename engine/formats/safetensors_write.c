@@ -1,5 +1,6 @@
 /* engine/formats/safetensors_write.c - the safetensors writer: tensors added by pointer or by a
- * fill callback, written in one pass through PATH.tmp and renamed into place; ggml block tensors
+ * fill callback, written in one pass through a temporary of its own beside PATH (base_atomic_*:
+ * synced, renamed into place, the directory synced); ggml block tensors
  * as U8 with their types in __metadata__ (see safetensors.h for the contracts).
  * Not here: the reader (safetensors.c), which tensors a checkpoint holds (checkpoint_write.c).
  * Tests: tests/test_formats.c (round trip, metadata, alignment of the data);
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base.h"
 #include "quant.h"
 
 static const char *st_dtype_string(enum dtype t)
@@ -73,7 +75,8 @@ struct st_meta {
 };
 
 struct safetensors_writer {
-    char            *path, *tmp;
+    char            *path;
+    struct base_atomic at; /* the file being written; f writes through a dup of its fd */
     FILE            *f;
     struct st_entry *entries;    /* (n_entries), in the order added */
     int              n_entries;
@@ -134,14 +137,19 @@ enum status safetensors_writer_begin(const char *path, struct safetensors_writer
     enum status s = STATUS_OK;
     *out = NULL;
     struct safetensors_writer *w = calloc(1, sizeof *w);
-    size_t n = strlen(path) + 5;
-    if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(n))) {
-        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
-        goto out;
+    if (!w || !(w->path = strdup(path))) {
+        free(w);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
     }
-    snprintf(w->tmp, n, "%s.tmp", path);
-    if (!(w->f = fopen(w->tmp, "wb"))) {
-        s = status_errorf(STATUS_IO, "%s: %s", w->tmp, strerror(errno));
+    if ((s = base_atomic_open(&w->at, path, 0644)) != STATUS_OK) {
+        free(w->path);
+        free(w);
+        return s;
+    }
+    const int fd = dup(w->at.fd);
+    if (fd < 0 || !(w->f = fdopen(fd, "wb"))) {
+        s = status_errorf(STATUS_IO, "%s: %s", w->at.tmp, strerror(errno));
+        if (fd >= 0) close(fd);
         goto out;
     }
     *out = w;
@@ -154,10 +162,8 @@ out:
 void safetensors_writer_free(struct safetensors_writer *w)
 {
     if (!w) return;
-    if (w->f) {
-        fclose(w->f);
-        remove(w->tmp);
-    }
+    if (w->f) fclose(w->f);
+    base_atomic_abort(&w->at); /* a no-op once committed */
     for (int i = 0; i < w->n_entries; i++) free(w->entries[i].name);
     for (int i = 0; i < w->n_meta; i++) {
         free(w->meta[i].key);
@@ -166,7 +172,6 @@ void safetensors_writer_free(struct safetensors_writer *w)
     free(w->entries);
     free(w->meta);
     free(w->path);
-    free(w->tmp);
     free(w);
 }
 
@@ -365,26 +370,18 @@ enum status safetensors_writer_finish(struct safetensors_writer *w)
         }
         if (e->nbytes && fwrite(bytes, 1, e->nbytes, w->f) != e->nbytes) goto io_error;
     }
-    if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0) goto io_error;
-    int rc = fclose(w->f);
+    const int rc = fclose(w->f); /* flushes into the temporary; commit syncs and renames it */
     w->f = NULL;
-    if (rc != 0) {
-        remove(w->tmp);
-        goto io_error;
-    }
-    if (rename(w->tmp, w->path) != 0) {
-        s = status_errorf(STATUS_IO, "rename %s -> %s: %s", w->tmp, w->path, strerror(errno));
-        remove(w->tmp);
-        goto out;
-    }
+    if (rc != 0) goto io_error;
+    s = base_atomic_commit(&w->at);
     goto out;
 io_error:
-    s = status_errorf(STATUS_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    s = status_errorf(STATUS_IO, "%s: write failed: %s", w->at.tmp, strerror(errno));
 out:
     free(scratch);
     free(order);
     free(h.p);
     free(blocks.p);
-    safetensors_writer_free(w); /* removes path.tmp when it is still open */
+    safetensors_writer_free(w); /* removes the temporary when it was not committed */
     return s;
 }
