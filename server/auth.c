@@ -7,7 +7,8 @@
  * hash itself (kernels/base/sha256.c).
  * Tests: tests/server/test_server.py (auth, tls); owners across restarts, owner.salt and the
  * migration of legacy owners: tests/server/test_journal_grpc.py (owners),
- * tests/server/test_finetune.py. */
+ * tests/server/test_finetune.py; the kept corpus's directory: tests/server/test_speculative_corpus.py
+ * (scopes). */
 #include <errno.h>
 #include <fcntl.h>
 #include <grpc/grpc.h>
@@ -205,16 +206,30 @@ static enum status salt_write(const char *dir, const unsigned char salt[AUTH_SAL
     return STATUS_OK;
 }
 
-/* The salt of this installation: the one in the state directories (--journal, --fine-tuning),
- * written to those that lack it; a new random one when none has it; per process without state
- * directories (nothing on disk outlives it). */
+/* The salt of this installation: the one in the state directories (--journal, --fine-tuning, and
+ * the directory of --spec-corpus-keep's file, whose texts are scoped by owner), written to those
+ * that lack it; a new random one when none has it; per process without state directories
+ * (nothing on disk outlives it). The kept corpus's directory is not created (the file's writes
+ * would fail anyway): when it is missing it holds no salt. */
+#define SALT_PLACES 3
 static enum status owner_salt(const struct server_options *o, unsigned char salt[AUTH_SALT_BYTES])
 {
-    const char *flag[2] = {"--journal", "--fine-tuning"}, *dir[2] = {o->journal_dir, o->finetune_dir};
-    int found[2] = {0, 0}, from = -1;
-    for (int i = 0; i < 2; i++) {
+    char keep_dir[PATH_MAX] = "";
+    if (o->engine.spec_corpus_keep) {
+        snprintf(keep_dir, sizeof keep_dir, "%s", o->engine.spec_corpus_keep);
+        char *slash = strrchr(keep_dir, '/');
+        if (slash == keep_dir) slash[1] = '\0';
+        else if (slash) *slash = '\0';
+        else snprintf(keep_dir, sizeof keep_dir, ".");
+    }
+    struct stat sb;
+    const char *flag[SALT_PLACES] = {"--journal", "--fine-tuning", "--spec-corpus-keep"};
+    const char *dir[SALT_PLACES] = {o->journal_dir, o->finetune_dir,
+                                    keep_dir[0] && stat(keep_dir, &sb) == 0 && S_ISDIR(sb.st_mode) ? keep_dir : NULL};
+    int found[SALT_PLACES] = {0}, from = -1;
+    for (int i = 0; i < SALT_PLACES; i++) {
         if (!dir[i]) continue;
-        if (mkdir(dir[i], 0700) != 0 && errno != EEXIST)
+        if (i < 2 && mkdir(dir[i], 0700) != 0 && errno != EEXIST)
             return status_errorf(STATUS_IO, "%s %s: %s", flag[i], dir[i], strerror(errno));
         unsigned char got[AUTH_SALT_BYTES];
         enum status st = salt_read(dir[i], got, &found[i]);
@@ -233,7 +248,7 @@ static enum status owner_salt(const struct server_options *o, unsigned char salt
     }
     if (from < 0 && getrandom(salt, AUTH_SALT_BYTES, 0) != AUTH_SALT_BYTES)
         return status_errorf(STATUS_IO, "getrandom: %s", strerror(errno));
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < SALT_PLACES; i++) {
         if (!dir[i] || found[i]) continue;
         unsigned char got[AUTH_SALT_BYTES];
         enum status st = salt_write(dir[i], salt);

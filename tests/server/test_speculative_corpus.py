@@ -277,13 +277,15 @@ def scopes(a, tmp):
     """Learned answers draft only for their own scope (the API key's owner and the adapter): a key that
     asked nothing before gets no corpus draft from another key's answer to the same prompt (over gRPC
     and HTTP), while the asking key's repeat is drafted from it; kept across a restart with the scopes
-    (--journal's directory holds the owners' salt, so the owners are the same after it). (A key's own
-    earlier answers may draft for its other prompts: so each check of "none" uses a fresh key.)"""
+    (the kept file's directory holds the owners' salt, owner.salt, without --journal or --fine-tuning,
+    so the owners are the same after it). (A key's own earlier answers may draft for its other
+    prompts: so each check of "none" uses a fresh key.)"""
     (tmp / "keys").write_text("key-a\nkey-b\nkey-c\nkey-d\nkey-e\n")
-    journal = tmp / "journal-scopes"
-    kept = tmp / "scoped.corpus"
+    kept_dir = tmp / "kept-scopes"
+    kept_dir.mkdir()
+    kept = kept_dir / "scoped.corpus"
     args = ["--speculative", "ngram", "--spec-draft", "4", "--spec-corpus-learn", "1000000", "--spec-corpus-keep",
-            str(kept), "--api-key-file", str(tmp / "keys"), "--journal", str(journal)]
+            str(kept), "--api-key-file", str(tmp / "keys")]
     prompt, other = "Sue and Tim looked at the moon", "The old cat sat by the door and"
 
     def ask(srv, key, text):
@@ -319,6 +321,9 @@ def scopes(a, tmp):
           f"({a2[1]} accepted of {a2[0]})")
     check(c_http == 0 and d_http == 0 and c_http2 > 20,
           f"scopes over HTTP: C's answer drafts for C again ({c_http2}), never for D ({d_http})")
+    salt = kept_dir / "owner.salt"
+    check(salt.exists() and (salt.stat().st_mode & 0o777) == 0o600 and len(salt.read_text().strip()) == 32,
+          f"the kept file's directory holds the owners' salt (owner.salt, 0600): {salt.exists()}")
     with TS.Server(a.shardlm, Path(a.model), *args, name="scopes-restart", http=True) as srv:
         e1 = ask(srv, "key-e", prompt)           # A's and B's kept answers: not E's
         a3 = ask(srv, "key-a", prompt)
