@@ -188,8 +188,8 @@ static void product_run(struct product *p, const float *x, void *scratch, int n_
     const int64_t m = p->m, n = p->n, k = p->k, nb = p->nb;
     const size_t xq_row = p->xq_row;
     const int nt = (double)m * (double)n * (double)k >= QUANT_PARALLEL_MIN ? n_threads : 1;
-    /* AMX: wider tiles (up to AMX_TILE columns, at least 8 a thread), since each call configures
-     * the tiles once. */
+    /* AMX: wider tiles (up to AMX_TILE columns while each thread keeps at least 8 tiles), since
+     * each call configures the tiles once. */
     int64_t tw = ROW_TILE;
     if (p->amx)
         while (tw < AMX_TILE && n >= (int64_t)nt * 8 * 2 * tw) tw *= 2;
@@ -236,13 +236,13 @@ static void stored_tile(const struct product *p, int64_t j0, int64_t j1)
 /* Packed groups: two groups (16 rows of y, a line of f32) per tile, every row of x over them
  * while they are in L1. */
 size_t quant_prefetch_far = QUANT_PREFETCH_DEFAULT;
-static pthread_once_t prefetch_once = PTHREAD_ONCE_INIT;
+static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 /* The 32-element types' packed products of 2 or more rows on AMX int8 tiles where AMX is on
  * (quant_amx.c); SHARDLM_CPU_AMX_INT8=0 keeps them on the VNNI kernels (the same bits; for
  * benchmarks). */
 static int amx_int8 = 1;
 
-static void prefetch_init(void)
+static void knobs_init(void)
 {
     const char *a = getenv("SHARDLM_CPU_AMX_INT8");
     if (a && *a && strcmp(a, "0") && strcmp(a, "1"))
@@ -260,13 +260,13 @@ static void prefetch_init(void)
 
 size_t quant_prefetch_bytes(void)
 {
-    pthread_once(&prefetch_once, prefetch_init);
+    pthread_once(&knobs_once, knobs_init);
     return quant_prefetch_far;
 }
 
 int quant_amx_int8_on(void)
 {
-    pthread_once(&prefetch_once, prefetch_init);
+    pthread_once(&knobs_once, knobs_init);
     return amx_int8 && cpu_amx_enabled();
 }
 
