@@ -215,13 +215,7 @@ static enum status salt_write(const char *dir, const unsigned char salt[AUTH_SAL
 static enum status owner_salt(const struct server_options *o, unsigned char salt[AUTH_SALT_BYTES])
 {
     char keep_dir[PATH_MAX] = "";
-    if (o->engine.spec_corpus_keep) {
-        snprintf(keep_dir, sizeof keep_dir, "%s", o->engine.spec_corpus_keep);
-        char *slash = strrchr(keep_dir, '/');
-        if (slash == keep_dir) slash[1] = '\0';
-        else if (slash) *slash = '\0';
-        else snprintf(keep_dir, sizeof keep_dir, ".");
-    }
+    if (o->engine.spec_corpus_keep) base_dir_of(o->engine.spec_corpus_keep, keep_dir, sizeof keep_dir);
     struct stat sb;
     const char *flag[SALT_PLACES] = {"--journal", "--fine-tuning", "--spec-corpus-keep"};
     const char *dir[SALT_PLACES] = {o->journal_dir, o->finetune_dir,

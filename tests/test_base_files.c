@@ -100,6 +100,13 @@ int main(void)
     check_status(base_copy_file(fifo, copy), STATUS_BAD_FORMAT, "copy from a FIFO", "not a regular file", NULL);
     check(holds(copy, "copied bytes", 12) && entries(dir) == 3, "the copy unchanged, no temporary");
 
+    /* The directory of a path (the salt's and the sync's). */
+    char d1[64], d2[64], d3[64], d4[64];
+    base_dir_of("a/b/c.txt", d1, sizeof d1), base_dir_of("/c.txt", d2, sizeof d2);
+    base_dir_of("c.txt", d3, sizeof d3), base_dir_of("/x/y", d4, sizeof d4);
+    check(!strcmp(d1, "a/b") && !strcmp(d2, "/") && !strcmp(d3, ".") && !strcmp(d4, "/x"),
+          "base_dir_of: %s, %s, %s, %s", d1, d2, d3, d4);
+
     check_remove_tree(dir);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

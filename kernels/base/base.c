@@ -261,6 +261,15 @@ enum status base_read_file(const char *path, size_t max_bytes, const char *what,
     return STATUS_OK;
 }
 
+void base_dir_of(const char *path, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", path);
+    char *slash = strrchr(out, '/');
+    if (slash == out) slash[1] = '\0';
+    else if (slash) *slash = '\0';
+    else snprintf(out, cap, ".");
+}
+
 enum status base_atomic_open(struct base_atomic *a, const char *path, unsigned mode)
 {
     a->fd = -1;
@@ -311,11 +320,7 @@ enum status base_atomic_commit(struct base_atomic *a)
     }
     /* The rename lasts once the directory is synced (a failure there is not the file's: ignored). */
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", a->path);
-    char *slash = strrchr(dir, '/');
-    if (slash == dir) slash[1] = '\0';
-    else if (slash) *slash = '\0';
-    else snprintf(dir, sizeof dir, ".");
+    base_dir_of(a->path, dir, sizeof dir);
     const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
         (void)fsync(dfd);

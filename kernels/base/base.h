@@ -104,6 +104,10 @@ size_t base_utf8_valid_prefix(const char *s, size_t len);
  * JSON, data, key files). */
 enum status base_read_file(const char *path, size_t max_bytes, const char *what, char **text, size_t *len);
 
+/* The directory of a file's path into out (cap bytes): "dir/name" -> "dir", "/name" -> "/",
+ * "name" -> ".". */
+void base_dir_of(const char *path, char *out, size_t cap);
+
 /* A file written whole or not at all: a temporary of its own beside path (mkstemp, so that two
  * processes writing the same path never write into each other's), given `mode`, synced and
  * renamed over path by base_atomic_commit (the directory synced too), so that a reader, a crash or
