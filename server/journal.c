@@ -436,9 +436,9 @@ static enum status load(const char *path, struct journal_entry **out, int *n_out
     return STATUS_OK;
 }
 
-/* Writes the entries (ACCEPT and events) to path, fsync'd. */
-/* The entries as the whole file at path, written beside it and renamed over it (base_atomic_*:
- * synced, the directory too), so that a crash during compaction leaves the old journal. */
+/* The entries (ACCEPT and events) as the whole file at path, written beside it and renamed over
+ * it (base_atomic_*: synced, the directory too), so that a crash during compaction leaves the
+ * old journal. */
 static enum status write_entries(const char *path, const struct journal_entry *v, int n)
 {
     struct base_atomic a;
