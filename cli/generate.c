@@ -62,6 +62,11 @@ struct generate_flags {
     float spec_corpus_p_min;        /* --spec-corpus-p-min P (0: the engine's 0.5) */
     long spec_corpus_learn;         /* --spec-corpus-learn N, with --spec-corpus-keep FILE: */
     const char *spec_corpus_keep;   /* runs learn from each other's answers (docs/speculative.md) */
+    /* --chat-template llama2|chatml|gemma|plain|FILE.jinja: how --spec-corpus's chat examples are
+     * rendered (as `shardlm train` takes it); not given: the model's own or the detected one. */
+    const char *corpus_template_file;
+    int corpus_template_set;
+    enum chat_template_kind corpus_template;
     struct generate_options o; /* sampling (temperature 0 unless given), max_tokens, ignore_eos */
 };
 
@@ -107,6 +112,13 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         else if (!strcmp(a, "--spec-corpus-learn")) { if (base_parse_long(v, 1, SPEC_LEARN_MAX, &f->spec_corpus_learn)) return cli_usage("--spec-corpus-learn must be a count of tokens in [1, 268435456], got '%s'", v); }
         else if (!strcmp(a, "--spec-corpus-keep")) f->spec_corpus_keep = v;
         else if (!strcmp(a, "--spec-corpus")) f->spec_corpus = v;
+        else if (!strcmp(a, "--chat-template")) {
+            const size_t n = strlen(v);
+            f->corpus_template_set = 1;
+            if (n > 6 && !strcmp(v + n - 6, ".jinja")) f->corpus_template_file = v;
+            else if (chat_template_parse(v, &f->corpus_template) != STATUS_OK)
+                return cli_usage("--chat-template must be llama2, chatml, gemma, plain or FILE.jinja, got '%s'", v);
+        }
         else if (!strcmp(a, "--spec-corpus-min")) { if (base_parse_long(v, 1, SPEC_CORPUS_MAX_MATCH, &f->spec_corpus_min)) return cli_usage("--spec-corpus-min must be an integer in [1, 32], got '%s'", v); }
         else if (!strcmp(a, "--spec-corpus-p-min")) { if (base_parse_float(v, &f->spec_corpus_p_min) || !(f->spec_corpus_p_min > 0.0f && f->spec_corpus_p_min <= 1.0f)) return cli_usage("--spec-corpus-p-min must be a number in (0, 1], got '%s'", v); }
         else if (!strcmp(a, "--ep")) { if (base_parse_long(v, 1, 64, &f->ep)) return cli_usage("--ep must be an integer in [1, 64], got '%s'", v); }
@@ -139,6 +151,9 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
     if ((f->spec_corpus_min || f->spec_corpus_p_min > 0.0f) && !f->spec_corpus && !f->spec_corpus_learn)
         return cli_usage("generate: --spec-corpus-min and --spec-corpus-p-min need --spec-corpus FILE or "
                          "--spec-corpus-learn N%s", "");
+    if (f->corpus_template_set && !f->spec_corpus)
+        return cli_usage("generate: --chat-template renders --spec-corpus's chat examples (the prompt is given as "
+                         "text); give --spec-corpus FILE%s", "");
     if (!f->spec_corpus_learn != !f->spec_corpus_keep)
         return cli_usage("generate: --spec-corpus-learn N and --spec-corpus-keep FILE go together (one run learns only "
                          "for the runs after it, through the file)%s", "");
@@ -240,8 +255,9 @@ static void spec_event(void *ctx, const struct engine_event *ev)
 }
 
 /* --spec-corpus: the files read as `shardlm train` and `shardlm serve` read them (data_load,
- * chat examples rendered with the model's own template where its tokenizer writes the special
- * tokens, else the built-in one detected), each text the model produces one text of the corpus. */
+ * chat examples rendered with --chat-template's, else the model's own template where its tokenizer
+ * writes the special tokens, else the built-in one detected), each text the model produces one
+ * text of the corpus. */
 static enum status generate_spec_corpus(const struct generate_flags *f, struct engine *e)
 {
     struct engine_model_info info;
@@ -252,7 +268,9 @@ static enum status generate_spec_corpus(const struct generate_flags *f, struct e
     struct train_dataset ds = {0};
     int32_t *ids = NULL;
     int64_t n = 0, texts = 0;
-    enum status st = data_chat_options(NULL, 1, info.chat_template, f->model_dir, tok, &dopt, &jt);
+    if (f->corpus_template_set) dopt.chat_template = f->corpus_template; /* a name given; a file's below */
+    enum status st = data_chat_options(f->corpus_template_file, !f->corpus_template_set, info.chat_template, f->model_dir,
+                                       tok, &dopt, &jt);
     if (st == STATUS_OK) st = data_load(f->spec_corpus, tok, &dopt, &ds);
     if (st == STATUS_OK) st = data_target_texts(&ds, &ids, &n, &texts);
     if (st == STATUS_OK && !texts)

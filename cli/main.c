@@ -56,6 +56,7 @@ static void print_help(FILE *f)
             "                   [--spec-p-min P]]\n"
             "                   [--spec-draft K] [--spec-corpus FILE[,FILE...]] [--spec-corpus-min M]\n"
             "                   [--spec-corpus-p-min P] [--spec-corpus-learn N --spec-corpus-keep FILE]\n"
+            "                   [--chat-template llama2|chatml|gemma|plain|FILE.jinja (--spec-corpus's chat files)]\n"
             "                   (docs/speculative.md)\n"
             "  shardlm convert llama2c --checkpoint FILE.bin --tokenizer FILE.model --out DIR\n"
             "  shardlm convert gguf --gguf FILE.gguf --out DIR [--dtype f32|bf16|f16] [--keep-blocks]\n"

@@ -15,7 +15,8 @@ errors (exit 2) naming the flags; a draft of another vocabulary fails naming bot
 --spec-corpus-learn N --spec-corpus-keep FILE the runs learn from each other (the second run's
 answer drafted from the first's, kept in FILE; a tp 2 run under mpirun too), stdout unchanged, a
 file of the user's refused and left as it was. With --spec-corpus FILE a given file's texts draft
-(the answer itself: drafted and accepted, stdout unchanged); its flags' refusals; serve
+(the answer itself: drafted and accepted, stdout unchanged); a chat file rendered by --chat-template
+(a name, or a FILE.jinja that upper-cases the answers: then nothing accepted); its flags' refusals; serve
 refuses --speculative draft without --draft-model and the --spec-ngram-min cases too.
 
   test_generate_speculative.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K [--other-vocab GGUF]
@@ -135,10 +136,32 @@ def main():
     check(rc == 0 and out == plain and got and got[0] > 20 and got[2] > 20,
           f"--spec-corpus FILE: stdout equals plain generate, the answer drafted from the file (tokens, drafted, "
           f"accepted: {got}; rc {rc}{': ' + err.strip()[-200:] if rc else ''})")
+    # --chat-template renders a chat corpus as `shardlm train` would: the answer as an assistant turn drafts
+    # under the detected template; a template that upper-cases the answers makes texts the model never
+    # writes (the stories' tokens are lower-case pieces), so its drafts are not accepted.
+    chat = tmp / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "Tell me a story."},
+                                             {"role": "assistant", "content": plain[len(PROMPTS[2]):].strip()}]}) + "\n")
+    upper = tmp / "upper.jinja"
+    upper.write_text("{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\nA: "
+                     "{% else %}{{ m['content'] | upper }}\n{% endif %}{% endfor %}")
+    got = {}
+    for name, extra in (("detected", []), ("plain", ["--chat-template", "plain"]), ("upper", ["--chat-template", str(upper)])):
+        rc, out, counts, err = gen(a, PROMPTS[2], "--speculative", "ngram", "--spec-corpus", str(chat), *extra)
+        m = re.search(r"the corpus: (\d+) tokens; (\d+) of its drafts verified, (\d+) accepted", err)
+        got[name] = (rc, out == plain, tuple(int(x) for x in m.groups()) if m else None)
+    ok = all(g[0] == 0 and g[1] and g[2] for g in got.values())
+    check(ok and got["detected"][2][2] > 20 and got["plain"][2][2] > 20 and got["upper"][2][2] < 5,
+          f"--spec-corpus of a chat file with --chat-template: stdout equals plain generate; the answer drafts under "
+          f"the detected and the plain template, not once upper-cased by FILE.jinja ((rc, same, (tokens, drafted, "
+          f"accepted)): {got})")
     for extra, want in ((["--spec-corpus", str(given)], "need speculation on"),
                         (["--speculative", "ngram", "--spec-corpus-min", "4"], "need --spec-corpus FILE"),
                         (["--speculative", "ngram", "--spec-corpus", str(given), "--spec-corpus-p-min", "0"],
-                         "--spec-corpus-p-min must be a number in (0, 1]")):
+                         "--spec-corpus-p-min must be a number in (0, 1]"),
+                        (["--speculative", "ngram", "--chat-template", "plain"], "--chat-template renders --spec-corpus"),
+                        (["--speculative", "ngram", "--spec-corpus", str(given), "--chat-template", "nope"],
+                         "--chat-template must be llama2, chatml, gemma, plain or FILE.jinja")):
         rc, _, _, err = gen(a, "x", *extra)
         check(rc == 2 and want in err, f"generate {' '.join(extra)}: usage error (rc {rc}) naming it: {want!r}")
     rc, _, _, err = gen(a, "x", "--speculative", "ngram", "--spec-corpus", str(tmp / "missing.jsonl"))
