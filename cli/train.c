@@ -85,6 +85,9 @@ static const char *const train_help =
     "                          W x smooth-L1 (EAGLE-1's loss; 10 = its 1 : 0.1) [0: tokens only]\n"
     "  --eagle-feature-noise A add uniform noise of A x each feature row's rms to the rows the\n"
     "                          head reads in training (EAGLE-1's; 0.05 in the probe) [0]\n"
+    "  --eagle-unroll          a second pass per micro-batch in which the head reads its own\n"
+    "                          outputs for the features (as a chain's later drafts do; after\n"
+    "                          EAGLE-3's training-time test, simplified); about 2x the head's cost\n"
     "  --eagle-init FILE       start from this head (a head continued on more data) [the model's\n"
     "                          last layer, fc = [0 | I]]\n"
     "  --spec-token-map FILE   the head's logits over these tokens only (a JSON array of ids, as\n"
@@ -274,6 +277,10 @@ int train_main(int argc, char **argv)
             o.eagle = 1;
             continue;
         }
+        if (!strcmp(a, "--eagle-unroll")) {
+            o.eagle_unroll = 1;
+            continue;
+        }
         if (!strcmp(a, "--use-distributed-optimizer")) {
             o.distributed_optimizer = 1;
             continue;
@@ -299,10 +306,11 @@ int train_main(int argc, char **argv)
     if (o.loss_scale > 0 && o.precision != TRAIN_PRECISION_FP16) return bad("--loss-scale applies to --fp16 only%s", "");
     if (!o.data) return bad("--data FILE is required%s", "");
     if (!o.out_dir) return bad("--out DIR is required%s", "");
-    if ((o.eagle_ffn || o.eagle_token_map || o.eagle_feature_loss > 0 || o.eagle_feature_noise > 0 || o.eagle_init) &&
-        !o.eagle)
+    if ((o.eagle_ffn || o.eagle_token_map || o.eagle_feature_loss > 0 || o.eagle_feature_noise > 0 || o.eagle_init ||
+         o.eagle_unroll) && !o.eagle)
         return bad("%s applies to --eagle-head", o.eagle_ffn ? "--eagle-ffn" : o.eagle_token_map ? "--spec-token-map"
                                                  : o.eagle_init ? "--eagle-init"
+                                                 : o.eagle_unroll ? "--eagle-unroll"
                                                  : o.eagle_feature_noise > 0 ? "--eagle-feature-noise"
                                                  : "--eagle-feature-loss");
     if (o.eagle && !o.model_dir) return bad("--eagle-head needs --model (the model the head drafts for)%s", "");

@@ -18,7 +18,9 @@
    masked), with EAGLE-1's feature regression (--eagle-feature-loss: w x the mean smooth-L1 of
    the head's output against the model's own row), and with its noise on the features the head
    reads (--eagle-feature-noise: each row plus amount x its rms x u, u drawn here as
-   eagle_train.c's noise_u draws it for each micro-batch, row and column), the same steps.
+   eagle_train.c's noise_u draws it for each micro-batch, row and column), and unrolled
+   (--eagle-unroll: a second pass per micro-batch whose row p reads the first pass's output row
+   p - 1 under stop_gradient, its loss added), the same steps.
 2. Served: stories260K (tests/golden_setup.sh), a head trained by `shardlm train --eagle-head` on
    stories the model sampled itself, then `shardlm generate --speculative eagle`: the greedy
    text equals the text without speculation, and at least 30 % of the drafts are accepted
@@ -26,7 +28,7 @@
    the frozen model's rows cached after the first epoch train the same head as its forward run
    every epoch; --eagle-init continues from the trained head's tensors; checkpoints
    (--save-interval, SIGTERM) resume bit for bit.
-3. Refusals: --eagle-ffn, --spec-token-map, --eagle-init, --eagle-feature-noise without --eagle-head; --eagle-head with
+3. Refusals: --eagle-ffn, --spec-token-map, --eagle-init, --eagle-feature-noise, --eagle-unroll without --eagle-head; --eagle-head with
    LoRA, bf16, --rank-timeout, or --eagle-init beside --resume; a token map that is not one, a head of other shapes to
    continue, --out the model.
 
@@ -80,9 +82,9 @@ def check(ok, msg):
 NOISE_SEED = 77  # test_train_step.c's seed of the features' noise
 
 
-def run_driver(driver, model_dir, prefix, ffn, batch_paths, token_map=None, feature_loss=0.0, noise=0.0):
+def run_driver(driver, model_dir, prefix, ffn, batch_paths, token_map=None, feature_loss=0.0, noise=0.0, unroll=0):
     env = dict(os.environ, EAGLE_TOKEN_MAP=token_map or "", EAGLE_FEATURE_LOSS=repr(feature_loss),
-               EAGLE_FEATURE_NOISE=repr(noise))
+               EAGLE_FEATURE_NOISE=repr(noise), EAGLE_UNROLL=str(unroll))
     r = subprocess.run([driver, "--eagle", model_dir, prefix, str(STEPS), repr(LR), repr(WD), repr(CLIP), repr(EPS),
                         str(ffn)] + batch_paths, capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -155,7 +157,7 @@ def smooth_l1(x):
     return jnp.where(a < 1.0, 0.5 * x * x, a - 0.5)
 
 
-def reference_steps(kind, cfg, spec, target, init, batches, last, tmap=None, feature_loss=0.0, noise=0.0):
+def reference_steps(kind, cfg, spec, target, init, batches, last, tmap=None, feature_loss=0.0, noise=0.0, unroll=False):
     d = spec["d"]
     hspec = {"kind": "llama", "n_layers": 1, "d": d, "n_heads": spec["n_heads"], "n_kv": spec["n_kv"],
              "head_dim": spec["head_dim"], "scale": 1.0 / math.sqrt(spec["head_dim"]), "eps": spec["eps"],
@@ -171,24 +173,28 @@ def reference_steps(kind, cfg, spec, target, init, batches, last, tmap=None, fea
         rows, shifted = features(target, spec, b)
         prepared.append(({k: jnp.asarray(v) for k, v in hb.items() if k != "doc_start"},
                          shifted, jnp.asarray(target["tok_embedding/-1"][b["tokens"]] * emb_scale),
-                         jnp.asarray(rows), jnp.asarray(hb["targets"] >= 0)))
+                         jnp.asarray(rows), jnp.asarray(hb["targets"] >= 0), jnp.asarray(b["positions"] > 0)))
     n_targets = sum(int(np.sum(head_batch(b, tmap)["targets"] >= 0)) for b in batches)
 
     calls = [0]  # the micro-batches run so far: loss_fn runs once a step, in order
 
     def loss_fn(p):
         total = 0.0
-        for jb, f, e, rows, real in prepared:
+        for jb, f, e, rows, real, inner in prepared:
             if noise:
                 f = noisy(f, noise, calls[0])
             calls[0] += 1
-            x0 = e @ p["fc_emb"].T + p["fc_bias"] + jnp.asarray(f) @ p["fc_feat"].T
             P = {"%s/0" % k: p[head_name(k, last)] for k in HEAD_KEYS}
             P["lm_head/-1"] = jnp.asarray(head_w)
-            total = total + TG.forward_loss(P, hspec, jb, x0=x0)
-            if feature_loss:  # EAGLE-1's regression of the head's output on the model's own row
+            for step in range(2 if unroll else 1):
+                x0 = e @ p["fc_emb"].T + p["fc_bias"] + jnp.asarray(f) @ p["fc_feat"].T
+                total = total + TG.forward_loss(P, hspec, jb, x0=x0)
                 h = TG.forward_loss(P, hspec, jb, x0=x0, hidden=True)
-                total = total + feature_loss * jnp.sum(jnp.where(real, jnp.mean(smooth_l1(h - rows), axis=1), 0.0))
+                if feature_loss:  # EAGLE-1's regression of the head's output on the model's own row
+                    total = total + feature_loss * jnp.sum(jnp.where(real, jnp.mean(smooth_l1(h - rows), axis=1), 0.0))
+                # --eagle-unroll: the next pass reads the head's own row p - 1, taken as given
+                g = jax.lax.stop_gradient(h)
+                f = jnp.where(inner[:, None], jnp.concatenate([jnp.zeros_like(g[:1]), g[:-1]], axis=0), 0.0)
         return total / n_targets
 
     return TS.adamw_steps(loss_fn, init, CLIP)
@@ -268,6 +274,7 @@ def steps_check(driver, tmp):
         # steps with the noise drawn here; the noise-free reference must then differ.
         meta, target, _, init, final = run_driver(driver, mdir, prefix + "_noise", 0, paths, feature_loss=10.0,
                                                   noise=0.2)
+        noisy_one = final
         losses, norms, ref = reference_steps(kind, cfg, spec, target, init, [b1, b2], last, feature_loss=10.0,
                                              noise=0.2)
         lrel = max(abs(a - b) / abs(b) for a, b in zip(meta["losses"], losses))
@@ -279,6 +286,20 @@ def steps_check(driver, tmp):
               "%s, feature noise 0.2: losses %s, norms, parameters match JAX with the same noise (rel %.1e, %.1e, "
               "%.1e; %.1e from the noise-free steps)" % (kind, " ".join("%.5f" % x for x in meta["losses"]), lrel,
                                                          nrel, prel, off))
+        # --eagle-unroll with the regression and the noise: a second pass per micro-batch reading the first
+        # pass's outputs (no gradient through them); the one-pass reference must then differ.
+        meta, target, _, init, final = run_driver(driver, mdir, prefix + "_unroll", 0, paths, feature_loss=10.0,
+                                                  noise=0.2, unroll=1)
+        losses, norms, ref = reference_steps(kind, cfg, spec, target, init, [b1, b2], last, feature_loss=10.0,
+                                             noise=0.2, unroll=True)
+        lrel = max(abs(a - b) / abs(b) for a, b in zip(meta["losses"], losses))
+        prel, pkey = max_rel(final, ref)
+        nrel = max(abs(a - b) / b for a, b in zip(meta["grad_norms"], norms))
+        off, _ = max_rel(final, noisy_one)
+        check(lrel < 1e-5 and nrel < 1e-4 and prel < 1e-5 and off > 1e-3,
+              "%s, unrolled (a second pass on the head's own outputs), regression and noise: losses %s, norms, "
+              "parameters match JAX (rel %.1e, %.1e, %.1e; %.1e from one pass)"
+              % (kind, " ".join("%.5f" % x for x in meta["losses"]), lrel, nrel, prel, off))
 
 
 def run(cmd, **kw):
@@ -440,6 +461,7 @@ def refusals_check(shardlm, golden, tmp):
         (["--eagle-init", data, "--out", os.path.join(tmp, "r6")], "--eagle-init applies to --eagle-head"),
         (["--eagle-feature-noise", "0.1", "--out", os.path.join(tmp, "r9")],
          "--eagle-feature-noise applies to --eagle-head"),
+        (["--eagle-unroll", "--out", os.path.join(tmp, "r11")], "--eagle-unroll applies to --eagle-head"),
         (["--eagle-head", "--eagle-feature-noise", "-1", "--out", os.path.join(tmp, "r10")],
          "--eagle-feature-noise must be a number in [0, 10]"),
         (["--eagle-head", "--eagle-init", os.path.join(tmp, "gemma3_eagle.safetensors"), "--out",

@@ -33,6 +33,8 @@ struct eagle_trainer {
     float *host;                   /* (max_tokens, d): the frozen model's rows on the host */
     float *shifted;                /* (max_tokens, d): the features (row p: the model's row p - 1) */
     float *head_rows;              /* (max_tokens, d): the head's output rows (feature loss) */
+    float *self_rows;              /* (max_tokens, d): the first pass's output rows (--eagle-unroll) */
+    int unroll;                    /* eagle_trainer_set_unroll */
     float feature_weight;          /* > 0: the feature regression's weight (eagle_trainer_set_feature_loss) */
     float noise;                   /* > 0: the features' noise, a fraction of each row's rms */
     uint64_t noise_seed, noise_calls; /* eagle_trainer_set_feature_noise; training micro-batches so far */
@@ -225,7 +227,7 @@ enum status eagle_trainer_new(struct model *target, int ffn, int max_tokens, con
     if (st == STATUS_OK) st = alloc(e, &e->extra, DTYPE_F32, max_tokens, D);
     const size_t rows_bytes = (size_t)max_tokens * (size_t)D * sizeof(float);
     if (st == STATUS_OK && (!(e->host = malloc(rows_bytes)) || !(e->shifted = malloc(rows_bytes)) ||
-                            !(e->head_rows = malloc(rows_bytes))))
+                            !(e->head_rows = malloc(rows_bytes)) || !(e->self_rows = malloc(rows_bytes))))
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
     if (st == STATUS_OK) st = model_train_new(target, max_tokens, NULL, &e->tt);
     if (st == STATUS_OK) st = model_train_new(h, max_tokens, NULL, &e->ht);
@@ -252,6 +254,7 @@ void eagle_trainer_free(struct eagle_trainer *e)
     free(e->host);
     free(e->shifted);
     free(e->head_rows);
+    free(e->self_rows);
     free(e->row_of);
     free(e);
 }
@@ -278,6 +281,8 @@ void eagle_trainer_zero_grads(struct eagle_trainer *e)
 
 void eagle_trainer_set_feature_loss(struct eagle_trainer *e, float weight) { e->feature_weight = weight; }
 
+void eagle_trainer_set_unroll(struct eagle_trainer *e, int on) { e->unroll = on; }
+
 void eagle_trainer_set_feature_noise(struct eagle_trainer *e, float amount, uint64_t seed)
 {
     e->noise = amount;
@@ -285,9 +290,10 @@ void eagle_trainer_set_feature_noise(struct eagle_trainer *e, float amount, uint
     e->noise_calls = 0;
 }
 
-/* Row p of the features: the model's row p - 1 (zeros at a document's first row, which carries no
- * loss), with EAGLE-1's uniform noise in training (amount x the row's rms x u). */
-static void shift_features(struct eagle_trainer *e, const struct train_batch *tb, int noisy)
+/* Row p of the features: row p - 1 of src (the model's rows, or the head's own with
+ * --eagle-unroll; zeros at a document's first row, which carries no loss), with EAGLE-1's uniform
+ * noise in training (amount x the row's rms x u). */
+static void shift_features(struct eagle_trainer *e, const struct train_batch *tb, const float *src, int noisy)
 {
     const int64_t D = e->h->cfg.d_model;
     const uint64_t call = noisy ? e->noise_calls++ : 0;
@@ -297,7 +303,7 @@ static void shift_features(struct eagle_trainer *e, const struct train_batch *tb
             memset(row, 0, (size_t)D * sizeof *row);
             continue;
         }
-        const float *f = e->host + (p - 1) * D;
+        const float *f = src + (p - 1) * D;
         memcpy(row, f, (size_t)D * sizeof *row);
         if (!noisy) continue;
         double ss = 0.0;
@@ -353,13 +359,59 @@ enum status eagle_trainer_features(struct eagle_trainer *e, const struct train_b
     return STATUS_OK;
 }
 
+/* One pass of the head over tb, reading e->shifted as its features: x0 = scale E[t] W_e^T +
+ * f W_f^T + bias (model.c's input_from_features, in training), its layer, the loss (and the feature
+ * regression) added to *loss_sum; with backward, the gradients accumulated. keep non-NULL: the
+ * head's output rows are copied there after the forward. */
+static enum status head_pass(struct eagle_trainer *e, const struct train_batch *tb, const int32_t *targets,
+                             float grad_scale, int backward, float *keep, double *loss_sum, int *n_real)
+{
+    struct backend *b = e->b;
+    struct model *h = e->h;
+    const int64_t T = tb->n_tokens;
+    struct tensor feat = tensor_first_rows(&e->feat, T), emb = tensor_first_rows(&e->emb, T);
+    struct tensor x0 = tensor_first_rows(&e->x0, T), tmp = tensor_first_rows(&e->tmp, T);
+    struct tensor tokens = tensor_first_rows(&e->tokens, T);
+    backend_upload(b, feat.data, e->shifted, tensor_nbytes(&feat));
+    backend_upload(b, tokens.data, tb->tokens, (size_t)T * sizeof(int32_t));
+    op_embedding(b, &emb, &e->target->w.tok_embedding, &tokens, 0);
+    if (h->cfg.embed_scale != 0.0f && h->cfg.embed_scale != 1.0f) op_scale(b, &emb, &emb, h->cfg.embed_scale);
+    op_matmul(b, &x0, &emb, &h->input_fc_emb, &h->input_fc_bias);
+    op_matmul(b, &tmp, &feat, &h->input_fc_feat, NULL);
+    op_add(b, &x0, &x0, &tmp);
+    struct train_batch hb = *tb;
+    hb.targets = targets;
+    hb.grad_scale = grad_scale;
+    hb.input = &x0;
+    hb.hidden_only = 0;
+    double loss = 0.0;
+    enum status st = model_forward_train(e->ht, &hb, &loss, n_real);
+    if (st != STATUS_OK) return st;
+    *loss_sum += loss;
+    if (keep) {
+        const struct tensor out = model_train_final_hidden(e->ht, (int)T);
+        backend_download(b, keep, out.data, tensor_nbytes(&out));
+    }
+    struct tensor extra = tensor_first_rows(&e->extra, T);
+    if (e->feature_weight > 0.0f) {
+        *loss_sum += feature_loss(e, targets, T, grad_scale);
+        backend_upload(b, extra.data, e->head_rows, tensor_nbytes(&extra)); /* its gradient */
+        hb.extra_grad = &extra;
+    }
+    if (!backward) return STATUS_OK;
+    if ((st = model_backward(e->ht, &hb, &e->grads)) != STATUS_OK) return st;
+    struct tensor dx0 = model_train_boundary_grad(e->ht, (int)T);
+    op_matmul_backward(b, NULL, &e->g_fc_emb, &e->g_fc_bias, &dx0, &emb, &h->input_fc_emb, 0);
+    op_matmul_backward(b, NULL, &e->g_fc_feat, NULL, &dx0, &feat, &h->input_fc_feat, 0);
+    backend_synchronize(b);
+    return STATUS_OK;
+}
+
 enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batch *tb, const int32_t *targets,
                                 float grad_scale, int backward, const float *hidden, float *hidden_out,
                                 double *loss_sum, int *n_real)
 {
-    struct backend *b = e->b;
-    struct model *h = e->h;
-    const int64_t T = tb->n_tokens, D = h->cfg.d_model;
+    const int64_t T = tb->n_tokens, D = e->h->cfg.d_model;
     *loss_sum = 0.0;
     *n_real = 0;
     if (T > e->max_tokens)
@@ -374,37 +426,17 @@ enum status eagle_trainer_micro(struct eagle_trainer *e, const struct train_batc
         if ((st = eagle_trainer_features(e, tb, e->host)) != STATUS_OK) return st;
         if (hidden_out) memcpy(hidden_out, e->host, (size_t)(T * D) * sizeof *e->host);
     }
-    shift_features(e, tb, backward && e->noise > 0.0f);
-    struct tensor feat = tensor_first_rows(&e->feat, T), emb = tensor_first_rows(&e->emb, T);
-    struct tensor x0 = tensor_first_rows(&e->x0, T), tmp = tensor_first_rows(&e->tmp, T);
-    struct tensor tokens = tensor_first_rows(&e->tokens, T);
-    backend_upload(b, feat.data, e->shifted, tensor_nbytes(&feat));
-    backend_upload(b, tokens.data, tb->tokens, (size_t)T * sizeof(int32_t));
-    /* x0 = scale E[t] W_e^T + f W_f^T + bias (model.c's input_from_features, in training). */
-    op_embedding(b, &emb, &e->target->w.tok_embedding, &tokens, 0);
-    if (h->cfg.embed_scale != 0.0f && h->cfg.embed_scale != 1.0f) op_scale(b, &emb, &emb, h->cfg.embed_scale);
-    op_matmul(b, &x0, &emb, &h->input_fc_emb, &h->input_fc_bias);
-    op_matmul(b, &tmp, &feat, &h->input_fc_feat, NULL);
-    op_add(b, &x0, &x0, &tmp);
-    struct train_batch hb = *tb;
-    hb.targets = targets;
-    hb.grad_scale = grad_scale;
-    hb.input = &x0;
-    hb.hidden_only = 0;
-    if ((st = model_forward_train(e->ht, &hb, loss_sum, n_real)) != STATUS_OK) return st;
-    struct tensor extra = tensor_first_rows(&e->extra, T);
-    if (e->feature_weight > 0.0f) {
-        *loss_sum += feature_loss(e, targets, T, grad_scale);
-        backend_upload(b, extra.data, e->head_rows, tensor_nbytes(&extra)); /* its gradient */
-        hb.extra_grad = &extra;
-    }
-    if (!backward) return STATUS_OK;
-    if ((st = model_backward(e->ht, &hb, &e->grads)) != STATUS_OK) return st;
-    struct tensor dx0 = model_train_boundary_grad(e->ht, (int)T);
-    op_matmul_backward(b, NULL, &e->g_fc_emb, &e->g_fc_bias, &dx0, &emb, &h->input_fc_emb, 0);
-    op_matmul_backward(b, NULL, &e->g_fc_feat, NULL, &dx0, &feat, &h->input_fc_feat, 0);
-    backend_synchronize(b);
-    return STATUS_OK;
+    const int unroll = backward && e->unroll;
+    shift_features(e, tb, e->host, backward && e->noise > 0.0f);
+    if ((st = head_pass(e, tb, targets, grad_scale, backward, unroll ? e->self_rows : NULL, loss_sum, n_real)) != STATUS_OK ||
+        !unroll)
+        return st;
+    /* --eagle-unroll: a second pass in which row p reads the first pass's output at p - 1 (taken as
+     * given, no gradient through it) where it read the model's row: what a chain's second draft
+     * reads when served. The same targets; its loss joins the first's. */
+    int again = 0;
+    shift_features(e, tb, e->self_rows, 0);
+    return head_pass(e, tb, targets, grad_scale, backward, NULL, loss_sum, &again);
 }
 
 double eagle_trainer_step(struct eagle_trainer *e, double lr)

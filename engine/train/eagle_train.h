@@ -68,6 +68,16 @@ void eagle_trainer_set_feature_loss(struct eagle_trainer *e, float weight);
  * model's rows exactly: the noise trains the head to read rows a little off. */
 void eagle_trainer_set_feature_noise(struct eagle_trainer *e, float amount, uint64_t seed);
 
+/* A second, unrolled pass in training (0, the default: none; after EAGLE-3's training-time test,
+ * simplified): after the first pass and its backward, the head runs again on the same micro-batch
+ * with row p reading the first pass's output row p - 1 (taken as given: no gradient flows through
+ * it) in place of the model's row, against the same targets and, with the feature loss, the same
+ * rows; its loss joins the first's and its gradients accumulate. Served, a chain's second and later
+ * drafts read the head's own outputs: this pass trains the head for them. Unlike EAGLE-3's, every
+ * row of the second pass reads the head's own output (its attention sees those rows too, not the
+ * model's). Held-out losses (backward 0) stay the first pass's. */
+void eagle_trainer_set_unroll(struct eagle_trainer *e, int on);
+
 /* The features alone: the frozen model's rows after its final norm for tb, (n_tokens, d_model) f32
  * host rows into out, as eagle_trainer_micro computes them (a resumed run refills its cache with
  * them). */

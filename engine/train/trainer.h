@@ -80,6 +80,7 @@ struct train_options {
     const char *eagle_token_map;  /* --spec-token-map FILE: the head's logits over those tokens */
     float       eagle_feature_loss; /* --eagle-feature-loss W: EAGLE-1's feature regression's weight */
     float       eagle_feature_noise; /* --eagle-feature-noise A: EAGLE-1's noise on the features read */
+    int         eagle_unroll;        /* --eagle-unroll: a second pass reading the head's own outputs */
     const char *eagle_init;       /* --eagle-init FILE: start from this head (its MLP size too) */
     enum device device;
     int         threads;
