@@ -113,10 +113,8 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         else if (!strcmp(a, "--spec-corpus-keep")) f->spec_corpus_keep = v;
         else if (!strcmp(a, "--spec-corpus")) f->spec_corpus = v;
         else if (!strcmp(a, "--chat-template")) {
-            const size_t n = strlen(v);
             f->corpus_template_set = 1;
-            if (n > 6 && !strcmp(v + n - 6, ".jinja")) f->corpus_template_file = v;
-            else if (chat_template_parse(v, &f->corpus_template) != STATUS_OK)
+            if (chat_template_option(v, &f->corpus_template, &f->corpus_template_file) != STATUS_OK)
                 return cli_usage("--chat-template must be llama2, chatml, gemma, plain or FILE.jinja, got '%s'", v);
         }
         else if (!strcmp(a, "--spec-corpus-min")) { if (base_parse_long(v, 1, SPEC_CORPUS_MAX_MATCH, &f->spec_corpus_min)) return cli_usage("--spec-corpus-min must be an integer in [1, 32], got '%s'", v); }

@@ -98,6 +98,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat_template.h"
 #include "engine.h"
 #include "journal.h"
 #include "ops.h"
@@ -366,9 +367,9 @@ int serve_main(int argc, char **argv)
             if (base_parse_long(v, 1, INT_MAX, &n)) return usage("--kv-cache-blocks must be a positive integer, got '%s'", v);
             o.engine.kv_cache_blocks = (int)n;
         } else if (!strcmp(a, "--chat-template")) {
-            const size_t vn = strlen(v);
-            if (strcmp(v, "llama2") && strcmp(v, "chatml") && strcmp(v, "gemma") && strcmp(v, "plain") &&
-                !(vn > 6 && !strcmp(v + vn - 6, ".jinja")))
+            enum chat_template_kind kind;
+            const char *file;
+            if (chat_template_option(v, &kind, &file) != STATUS_OK)
                 return usage("--chat-template must be llama2, chatml, gemma, plain or a FILE.jinja, got '%s'", v);
             o.chat_template = v;
         } else if (!strcmp(a, "--reasoning-format")) {

@@ -192,9 +192,7 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
         else if (!strcmp(v, "error")) o->data_opt.overflow = DATA_OVERFLOW_ERROR;
         else return bad("--data-overflow must be truncate, skip or error, got '%s'", v);
     } else if (!strcmp(a, "--chat-template")) {
-        size_t n = strlen(v);
-        if (n > 6 && !strcmp(v + n - 6, ".jinja")) o->chat_template_file = v;
-        else if (chat_template_parse(v, &o->data_opt.chat_template) != STATUS_OK)
+        if (chat_template_option(v, &o->data_opt.chat_template, &o->chat_template_file) != STATUS_OK)
             return bad("--chat-template must be llama2, chatml, gemma, plain or FILE.jinja, got '%s'", v);
     } else if (!strcmp(a, "--tensor-model-parallel-size") || !strcmp(a, "--tp")) {
         if (parse_int(v, 1, 4096, &o->tp)) return bad("--tensor-model-parallel-size must be an integer in [1, 4096], got '%s'", v);

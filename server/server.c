@@ -214,7 +214,7 @@ static enum status choose_chat_template(const struct server *s, struct served_mo
     snprintf(m->eos_text, sizeof m->eos_text, "%s", eos ? eos : "");
     const char *opt = s->opts.chat_template;
     enum status st;
-    if (opt && strlen(opt) > 6 && !strcmp(opt + strlen(opt) - 6, ".jinja")) {
+    if (opt && chat_template_is_file(opt)) {
         char *src = NULL;
         size_t n = 0;
         if ((st = base_read_file(opt, 4u << 20, "chat template", &src, &n)) != STATUS_OK) return st;

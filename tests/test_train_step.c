@@ -122,7 +122,8 @@ static int eagle_main(int argc, char **argv)
     /* EAGLE_FEATURE_NOISE: the features' noise, seed 77 (test_train_eagle.py's NOISE_SEED) */
     if (getenv("EAGLE_FEATURE_NOISE")) eagle_trainer_set_feature_noise(e, (float)atof(getenv("EAGLE_FEATURE_NOISE")), 77);
     /* EAGLE_UNROLL=1: the second pass reading the head's own outputs */
-    if (getenv("EAGLE_UNROLL")) eagle_trainer_set_unroll(e, atoi(getenv("EAGLE_UNROLL")));
+    if (getenv("EAGLE_UNROLL"))
+        CHECK(eagle_trainer_set_unroll(e, atoi(getenv("EAGLE_UNROLL"))) == STATUS_OK, "--eagle-unroll: %s", status_message());
     for (int i = 0; i < n_mb; i++) n_targets += eagle_head_targets(e, &mb[i].tb, targets[i]);
     FILE *bin = open_out(argv[2], ".bin", "wb"), *js = open_out(argv[2], ".json", "w");
     const int max = weights_table_max(m->w.n_layers);

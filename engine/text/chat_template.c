@@ -43,6 +43,22 @@ enum status chat_template_parse(const char *name, enum chat_template_kind *out)
     return STATUS_OK;
 }
 
+int chat_template_is_file(const char *name)
+{
+    const size_t n = strlen(name);
+    return n > 6 && !strcmp(name + n - 6, ".jinja");
+}
+
+enum status chat_template_option(const char *name, enum chat_template_kind *kind, const char **file)
+{
+    if (chat_template_is_file(name)) {
+        *file = name;
+        return STATUS_OK;
+    }
+    *file = NULL;
+    return chat_template_parse(name, kind);
+}
+
 /* The chat_template string of model_dir/tokenizer_config.json, malloc'd, or NULL. */
 static char *read_hf_chat_template(const char *model_dir)
 {

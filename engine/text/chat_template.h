@@ -67,6 +67,11 @@ enum chat_template_kind {
 const char *chat_template_name(enum chat_template_kind k); /* "plain", "llama2", "chatml", "gemma" */
 /* Parses a template name; STATUS_INVALID_ARGUMENT naming the allowed ones otherwise. */
 enum status chat_template_parse(const char *name, enum chat_template_kind *out);
+/* 1 when a --chat-template value names a Jinja file (it ends in ".jinja"), else 0. */
+int chat_template_is_file(const char *name);
+/* A --chat-template value: a FILE.jinja (*file = name, *kind untouched) or a built-in template's
+ * name (*kind, *file = NULL); STATUS_INVALID_ARGUMENT otherwise. */
+enum status chat_template_option(const char *name, enum chat_template_kind *kind, const char **file);
 
 /* Chooses the template of a model: chatml when the vocabulary has an <|im_start|> piece; gemma
  * when it has <start_of_turn> and <end_of_turn>;

@@ -108,7 +108,7 @@ static enum status run_setup(struct eagle_run *r)
     if (st != STATUS_OK) return st;
     eagle_trainer_set_feature_loss(r->e, o->eagle_feature_loss);
     eagle_trainer_set_feature_noise(r->e, o->eagle_feature_noise, o->seed);
-    eagle_trainer_set_unroll(r->e, o->eagle_unroll);
+    if ((st = eagle_trainer_set_unroll(r->e, o->eagle_unroll)) != STATUS_OK) return st;
     r->progress = (struct eagle_progress){.cursor = {.seed = o->seed}};
     if (o->resume_dir) { /* the head, AdamW's moments, the cursor and the noise's stream where they were */
         if ((st = eagle_trainer_load_checkpoint(r->e, o->resume_dir, &r->progress)) != STATUS_OK) return st;

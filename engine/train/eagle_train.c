@@ -33,7 +33,8 @@ struct eagle_trainer {
     float *host;                   /* (max_tokens, d): the frozen model's rows on the host */
     float *shifted;                /* (max_tokens, d): the features (row p: the model's row p - 1) */
     float *head_rows;              /* (max_tokens, d): the head's output rows (feature loss) */
-    float *self_rows;              /* (max_tokens, d): the first pass's output rows (--eagle-unroll) */
+    float *self_rows;              /* (max_tokens, d): the first pass's output rows (--eagle-unroll;
+                                      allocated by eagle_trainer_set_unroll) */
     int unroll;                    /* eagle_trainer_set_unroll */
     float feature_weight;          /* > 0: the feature regression's weight (eagle_trainer_set_feature_loss) */
     float noise;                   /* > 0: the features' noise, a fraction of each row's rms */
@@ -227,7 +228,7 @@ enum status eagle_trainer_new(struct model *target, int ffn, int max_tokens, con
     if (st == STATUS_OK) st = alloc(e, &e->extra, DTYPE_F32, max_tokens, D);
     const size_t rows_bytes = (size_t)max_tokens * (size_t)D * sizeof(float);
     if (st == STATUS_OK && (!(e->host = malloc(rows_bytes)) || !(e->shifted = malloc(rows_bytes)) ||
-                            !(e->head_rows = malloc(rows_bytes)) || !(e->self_rows = malloc(rows_bytes))))
+                            !(e->head_rows = malloc(rows_bytes))))
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
     if (st == STATUS_OK) st = model_train_new(target, max_tokens, NULL, &e->tt);
     if (st == STATUS_OK) st = model_train_new(h, max_tokens, NULL, &e->ht);
@@ -281,7 +282,14 @@ void eagle_trainer_zero_grads(struct eagle_trainer *e)
 
 void eagle_trainer_set_feature_loss(struct eagle_trainer *e, float weight) { e->feature_weight = weight; }
 
-void eagle_trainer_set_unroll(struct eagle_trainer *e, int on) { e->unroll = on; }
+enum status eagle_trainer_set_unroll(struct eagle_trainer *e, int on)
+{
+    if (on && !e->self_rows &&
+        !(e->self_rows = malloc((size_t)e->max_tokens * (size_t)e->h->cfg.d_model * sizeof(float))))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory for --eagle-unroll");
+    e->unroll = on;
+    return STATUS_OK;
+}
 
 void eagle_trainer_set_feature_noise(struct eagle_trainer *e, float amount, uint64_t seed)
 {

@@ -75,8 +75,9 @@ void eagle_trainer_set_feature_noise(struct eagle_trainer *e, float amount, uint
  * rows; its loss joins the first's and its gradients accumulate. Served, a chain's second and later
  * drafts read the head's own outputs: this pass trains the head for them. Unlike EAGLE-3's, every
  * row of the second pass reads the head's own output (its attention sees those rows too, not the
- * model's). Held-out losses (backward 0) stay the first pass's. */
-void eagle_trainer_set_unroll(struct eagle_trainer *e, int on);
+ * model's). Held-out losses (backward 0) stay the first pass's. Turning it on allocates the first
+ * pass's rows (max_tokens x d floats on the host): STATUS_RESOURCE_EXHAUSTED when that fails. */
+enum status eagle_trainer_set_unroll(struct eagle_trainer *e, int on);
 
 /* The features alone: the frozen model's rows after its final norm for tb, (n_tokens, d_model) f32
  * host rows into out, as eagle_trainer_micro computes them (a resumed run refills its cache with
