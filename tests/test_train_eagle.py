@@ -27,7 +27,9 @@
    (42 % here; by hand, a head trained 30 steps on Shakespeare instead had 0 of 32 accepted);
    the frozen model's rows cached after the first epoch train the same head as its forward run
    every epoch; --eagle-init continues from the trained head's tensors; checkpoints
-   (--save-interval, SIGTERM) resume bit for bit.
+   (--save-interval, SIGTERM) resume bit for bit. A head trained with --spec-token-map carries the
+   map (int32 token_map): served without the flag it drafts as with it; a map given to the server
+   replaces it; --eagle-init keeps it; a token_map descending or outside the vocabulary is refused.
 3. Refusals: --eagle-ffn, --spec-token-map, --eagle-init, --eagle-feature-noise, --eagle-unroll without --eagle-head; --eagle-head with
    LoRA, bf16, --rank-timeout, or --eagle-init beside --resume; a token map that is not one, a head of other shapes to
    continue, --out the model.
@@ -42,6 +44,7 @@ import re
 import subprocess
 import sys
 import signal
+import struct
 import tempfile
 import time
 
@@ -261,6 +264,9 @@ def steps_check(driver, tmp):
         check(lrel < 1e-5 and nrel < 1e-4 and prel < 1e-5, "%s, token map of %d ids: losses %s, norms, parameters "
               "match JAX (rel %.1e, %.1e, %.1e)" % (kind, len(tmap), " ".join("%.5f" % x for x in meta["losses"]),
                                                    lrel, nrel, prel))
+        carried = read_token_map(prefix + "_map.safetensors")
+        check(carried is not None and carried.tolist() == tmap, "%s: the head's file carries its token map as int32 "
+              "token_map, ascending (%s ids)" % (kind, None if carried is None else len(carried)))
         # EAGLE-1's feature regression beside the token loss (--eagle-feature-loss 10: the probe's 1 : 0.1).
         meta, target, _, init, final = run_driver(driver, mdir, prefix + "_feat", 0, paths, feature_loss=10.0)
         losses, norms, ref = reference_steps(kind, cfg, spec, target, init, [b1, b2], last, feature_loss=10.0)
@@ -304,6 +310,84 @@ def steps_check(driver, tmp):
 
 def run(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
+
+
+def read_token_map(path):
+    """The int32 token_map tensor of a head file (None when it has none)."""
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    t = json.loads(raw[8:8 + n]).get("token_map")
+    if not t or t["dtype"] != "I32":
+        return None
+    a, b = t["data_offsets"]
+    return np.frombuffer(raw[8 + n + a:8 + n + b], "<i4").reshape(t["shape"])
+
+
+def with_token_map(src, dst, ids):
+    """A copy of head file src whose token_map tensor is ids (int32), written as it is."""
+    raw = open(src, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    body = bytearray(raw[8 + n:])
+    for k in [k for k in head if k == "token_map"]:
+        del head[k]  # (its bytes stay, unreferenced)
+    data = np.asarray(ids, "<i4").tobytes()
+    head["token_map"] = {"dtype": "I32", "shape": [len(ids)], "data_offsets": [len(body), len(body) + len(data)]}
+    body += data
+    hj = json.dumps(head).encode()
+    hj += b" " * ((-len(hj)) % 8)
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<Q", len(hj)) + hj + bytes(body))
+
+
+def token_map_check(shardlm, model, data, tmp):
+    """A head trained with --spec-token-map carries the map (token_map): served without the flag it
+    drafts as with it; a map given to the server replaces it; a head continued keeps it; a bad one
+    is refused by name."""
+    tmap = [i for i in range(512) if i % 4 != 3]
+    mpath = os.path.join(tmp, "map384.json")
+    with open(mpath, "w") as f:
+        json.dump(tmap, f)
+    out = os.path.join(tmp, "mapped")
+    r = run([shardlm, "train", "--eagle-head", "--model", model, "--data", data, "--out", out, "--epochs", "2",
+             "--seq-length", "128", "--micro-batch-size", "8", "--lr", "3e-3", "--spec-token-map", mpath,
+             "--threads", "2"])
+    head = os.path.join(out, "eagle_head.safetensors")
+    carried = read_token_map(head) if r.returncode == 0 else None
+    check(carried is not None and carried.tolist() == tmap, "train --eagle-head --spec-token-map: the head carries "
+          "the map (%s ids; exit %d)" % (None if carried is None else len(carried), r.returncode))
+    if carried is None:
+        print(r.stderr[-1500:])
+        return
+    base = [shardlm, "generate", "--model", model, "--prompt", "Once upon a time", "--max-tokens", "80",
+            "--threads", "1"]
+    spec = base + ["--speculative", "eagle", "--draft-model", head, "--spec-draft", "2"]
+    runs = [run(base), run(spec), run(spec + ["--spec-token-map", mpath])]
+    counts = [re.search(r"(\d+) drafts verified, (\d+) accepted", x.stderr) for x in runs[1:]]
+    ok = all(x.returncode == 0 for x in runs) and all(counts) and runs[1].stdout == runs[0].stdout == runs[2].stdout
+    ok = ok and counts[0].groups() == counts[1].groups() and int(counts[0].group(1)) > 0
+    check(ok and "head cut to the 384 tokens of %s (its token_map)" % head in runs[1].stderr,
+          "served without --spec-token-map the head drafts over its own map as with the flag (%s drafts, %s "
+          "accepted; the same greedy text)" % (counts[0] and counts[0].group(1), counts[0] and counts[0].group(2)))
+    other = os.path.join(tmp, "map256.json")
+    with open(other, "w") as f:
+        json.dump(list(range(256)), f)
+    r = run(spec + ["--spec-token-map", other])
+    check(r.returncode == 0 and r.stdout == runs[0].stdout and "head cut to the 256 tokens of %s" % other in r.stderr,
+          "a --spec-token-map given to the server replaces the head's own (256 ids; the same text)")
+    cont = os.path.join(tmp, "mapped_more")
+    r = run([shardlm, "train", "--eagle-head", "--model", model, "--data", data, "--out", cont, "--eagle-init", head,
+             "--train-iters", "1", "--seq-length", "128", "--threads", "2"])
+    kept = read_token_map(os.path.join(cont, "eagle_head.safetensors")) if r.returncode == 0 else None
+    check(kept is not None and kept.tolist() == tmap, "--eagle-init from it without --spec-token-map: the head "
+          "continued keeps its map (exit %d)" % r.returncode)
+    for ids, why in (([5, 3, 9], "token_map entry 1 (3) is not above the one before it"),
+                     ([1, 512], "token_map entry 1 (512) is outside the vocabulary")):
+        bad = os.path.join(tmp, "bad_map.safetensors")
+        with_token_map(head, bad, ids)
+        r = run(base + ["--speculative", "eagle", "--draft-model", bad])
+        check(r.returncode != 0 and why in r.stderr, "a head whose token_map is %s: refused (%s)"
+              % (ids, r.stderr.strip().splitlines()[-1][-160:] if r.stderr.strip() else "no message"))
 
 
 def served_check(shardlm, golden, tmp):
@@ -368,6 +452,7 @@ def served_check(shardlm, golden, tmp):
           "the cached features train the same head as the model run every epoch (%s against %s micro-batches "
           "from the cache; parameters rel %.1e)" % (n1 and n1[1], n2 and n2[1], hrel))
     resume_check(shardlm, model, small, tmp)
+    token_map_check(shardlm, model, small, tmp)
     drafted = accepted = 0
     same = 0
     prompts = ("Once upon a time", "Tom and his dog", "The little girl", "One day, a bird")

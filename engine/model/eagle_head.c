@@ -176,6 +176,31 @@ static enum status parse_token_map(const char *path, const char *text, int vocab
 #undef MAP_ERR
 }
 
+enum status eagle_head_token_map(const struct safetensors *st, const char *what, int vocab, int32_t **ids, int *n)
+{
+    *ids = NULL, *n = 0;
+    const struct st_tensor *t = safetensors_find(st, EAGLE_HEAD_TOKEN_MAP);
+    if (!t) return STATUS_OK;
+    if (strcmp(t->dtype_name, "I32") || t->ndim != 1 || t->shape[0] < 1 || t->shape[0] > vocab)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: tensor " EAGLE_HEAD_TOKEN_MAP " is %s of %d dimensions "
+                             "(%lld); a token map is int32 (I32) ids, 1 to %d of them", what, t->dtype_name, t->ndim,
+                             (long long)(t->ndim ? t->shape[0] : 0), vocab);
+    int32_t *out = malloc((size_t)t->shape[0] * sizeof *out);
+    if (!out) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of host memory", what);
+    enum status ret = safetensors_read(t, DTYPE_I32, out, (size_t)t->shape[0] * sizeof *out);
+    for (int64_t i = 0; ret == STATUS_OK && i < t->shape[0]; i++)
+        if (out[i] < 0 || out[i] >= vocab || (i > 0 && out[i] <= out[i - 1]))
+            ret = status_errorf(STATUS_INVALID_ARGUMENT, "%s: " EAGLE_HEAD_TOKEN_MAP " entry %lld (%d) is %s", what,
+                                (long long)i, (int)out[i],
+                                out[i] < 0 || out[i] >= vocab ? "outside the vocabulary" : "not above the one before it");
+    if (ret != STATUS_OK) {
+        free(out);
+        return ret;
+    }
+    *ids = out, *n = (int)t->shape[0];
+    return STATUS_OK;
+}
+
 enum status draft_token_map_read(const char *path, int vocab, int32_t **ids, int *n)
 {
     char *text = NULL;

@@ -56,6 +56,14 @@ void eagle_head_fc_split(const float *fc, int64_t d, float *w_emb, float *w_feat
  * head's rows) and *n. STATUS_INVALID_ARGUMENT naming the file and the entry otherwise. */
 enum status draft_token_map_read(const char *path, int vocab, int32_t **ids, int *n);
 
+/* The token map a head file carries (`shardlm train --eagle-head --spec-token-map` writes it as
+ * EAGLE_HEAD_TOKEN_MAP: int32, the ids ascending), so that serving the head needs no
+ * --spec-token-map. Into *ids (malloc'd) and *n; *ids NULL and *n 0 when the file has none.
+ * STATUS_INVALID_ARGUMENT, the message opening with `what`, for a tensor that is not one (not
+ * 1-D int32, empty, an id outside [0, vocab), not ascending). */
+#define EAGLE_HEAD_TOKEN_MAP "token_map"
+enum status eagle_head_token_map(const struct safetensors *st, const char *what, int vocab, int32_t **ids, int *n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -194,6 +194,8 @@ static enum status eagle_weights(struct draft *d, struct model *h, const struct 
     return ret;
 }
 
+static enum status map_head(struct draft *d, int32_t *map, int n, const char *source);
+
 enum status draft_load_eagle(const char *path, const char *target_dir, struct backend *b, struct model *target,
                              struct kv_cache *target_kv, int n_slots, struct draft *d)
 {
@@ -240,8 +242,19 @@ enum status draft_load_eagle(const char *path, const char *target_dir, struct ba
     eagle_head_shape(h, target, ends, up && up->ndim == 2 && up->shape[0] > 0 && up->shape[0] <= (1 << 20)
                                           ? (int)up->shape[0] : target->cfg.ffn_hidden);
     ret = eagle_weights(d, h, target, st, path);
+    int32_t *map = NULL; /* the token map the head carries (shardlm train --eagle-head --spec-token-map) */
+    int n_map = 0;
+    char what[4200];
+    snprintf(what, sizeof what, "--draft-model %s", path);
+    if (ret == STATUS_OK) ret = eagle_head_token_map(st, what, target->cfg.vocab_size, &map, &n_map);
     safetensors_close(st);
     if (ret == STATUS_OK) ret = slots_init(d, b, target, n_slots);
+    if (ret == STATUS_OK && map) {
+        snprintf(what, sizeof what, "%s (its " EAGLE_HEAD_TOKEN_MAP ")", path);
+        ret = map_head(d, map, n_map, what);
+    } else {
+        free(map);
+    }
     const size_t D = (size_t)h->cfg.d_model;
     d->eagle = 1;
     d->d_model = (int)D;
@@ -297,16 +310,21 @@ void draft_free(struct draft *d)
     memset(d, 0, sizeof *d);
 }
 
-enum status draft_token_map(struct draft *d, const char *path)
+/* The head cut to map[0 .. n) (ascending ids; d takes map): any earlier cut replaced; source names
+ * where the map came from, for the log. */
+static enum status map_head(struct draft *d, int32_t *map, int n, const char *source)
 {
     struct backend *b = d->m->b;
     const struct tensor *w = &d->m->w.lm_head;
     const int V = d->m->cfg.vocab_size;
-    enum status st = draft_token_map_read(path, V, &d->map, &d->n_map);
-    if (st != STATUS_OK) return st;
+    backend_free(b, d->head.data);
+    backend_free(b, d->head_packed);
+    d->head.data = d->head_packed = NULL;
+    free(d->map);
+    d->map = map, d->n_map = n;
     /* The head's rows of the listed tokens, in the head's own dtype (raw rows, blocks included). */
     const size_t row = tensor_row_bytes(w);
-    st = backend_alloc(b, (size_t)d->n_map * row, &d->head.data);
+    enum status st = backend_alloc(b, (size_t)d->n_map * row, &d->head.data);
     if (st != STATUS_OK) return st;
     d->head = tensor_make(d->head.data, w->dtype, b->device, 2, (int64_t)d->n_map, tensor_cols(w));
     uint8_t *host = malloc(row);
@@ -325,8 +343,16 @@ enum status draft_token_map(struct draft *d, const char *path)
     }
     /* Each sequence's row holds -Inf outside the map from now on: draft_run writes only the map's ids. */
     for (size_t i = 0; i < (size_t)d->n_slots * (size_t)V; i++) d->logits[i] = -INFINITY;
-    LOG_INFO(MODULE, "draft model: head cut to the %d tokens of %s (of %d)", d->n_map, path, V);
+    LOG_INFO(MODULE, "draft model: head cut to the %d tokens of %s (of %d)", d->n_map, source, V);
     return STATUS_OK;
+}
+
+enum status draft_token_map(struct draft *d, const char *path)
+{
+    int32_t *map = NULL;
+    int n = 0;
+    enum status st = draft_token_map_read(path, d->m->cfg.vocab_size, &map, &n);
+    return st == STATUS_OK ? map_head(d, map, n, path) : st;
 }
 
 void draft_sweep(struct draft *d, struct seq *const *running, int n_running)

@@ -97,7 +97,8 @@ enum status draft_load_eagle(const char *path, const char *target_dir, struct ba
                              struct kv_cache *target_kv, int n_slots, struct draft *d);
 /* Cuts the loaded draft's head to the token ids of the JSON array in path (--spec-token-map):
  * each in [0, vocab), none twice, at least one; STATUS_INVALID_ARGUMENT naming the file and what
- * is wrong otherwise. */
+ * is wrong otherwise. It replaces the map an EAGLE head file carries (draft_load_eagle cuts the
+ * head to that one: eagle_head_token_map). */
 enum status draft_token_map(struct draft *d, const char *path);
 void        draft_free(struct draft *d); /* accepts a zeroed struct */
 

@@ -96,6 +96,16 @@ static enum status run_setup(struct eagle_run *r)
         free(map);
         return status_errorf(st, "%s %s: %s", o->resume_dir ? "--resume" : "--eagle-init", init_path, status_message());
     }
+    const char *map_from = o->eagle_token_map;
+    if (init && !map) { /* a head continued keeps the token map it carries unless --spec-token-map gives one */
+        char what[4500];
+        snprintf(what, sizeof what, "%s %s", o->resume_dir ? "--resume" : "--eagle-init", init_path);
+        if ((st = eagle_head_token_map(init, what, r->m->cfg.vocab_size, &map, &n_map)) != STATUS_OK) {
+            safetensors_close(init);
+            return st;
+        }
+        map_from = map ? init_path : NULL;
+    }
     const struct st_tensor *up = init ? safetensors_find(init, "layers.0.mlp.up_proj.weight") : NULL;
     if (ffn == 0 && up && up->ndim == 2 && up->shape[0] > 0 && up->shape[0] <= (1 << 20))
         ffn = (int)up->shape[0]; /* the MLP of the head continued */
@@ -115,8 +125,8 @@ static enum status run_setup(struct eagle_run *r)
         LOG_INFO(MODULE, "resuming the head of %s at iteration %lld", o->resume_dir, (long long)r->progress.iteration);
     }
     if (n_map > 0)
-        LOG_INFO(MODULE, "the head's logits over the %d tokens of %s (of %d); serve it with --spec-token-map %s", n_map,
-                 o->eagle_token_map, r->m->cfg.vocab_size, o->eagle_token_map);
+        LOG_INFO(MODULE, "the head's logits over the %d tokens of %s (of %d), written into the head as its "
+                 EAGLE_HEAD_TOKEN_MAP " (served without --spec-token-map)", n_map, map_from, r->m->cfg.vocab_size);
     const char *cap = getenv("SHARDLM_EAGLE_FEATURE_CACHE_MB");
     r->cache_cap = (size_t)(cap && *cap ? atol(cap) : 8192) << 20;
     r->cache = calloc(r->train.n, sizeof *r->cache);

@@ -523,6 +523,15 @@ static enum status save_head(struct eagle_trainer *e, const char *path, int64_t 
         }
         st = safetensors_writer_add(sw, list[i].name, DTYPE_F32, list[i].t->ndim, list[i].t->shape, host[i]);
     }
+    int32_t *map = NULL; /* with a token map, its ids (ascending): served without --spec-token-map */
+    if (st == STATUS_OK && e->cut.data) {
+        const int V = e->target->cfg.vocab_size;
+        const int64_t n_map = e->h->vocab_local;
+        if (!(map = malloc((size_t)n_map * sizeof *map))) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "eagle trainer: out of host memory");
+        for (int i = 0; map && i < V; i++)
+            if (e->row_of[i] >= 0) map[e->row_of[i]] = i;
+        if (map) st = safetensors_writer_add(sw, EAGLE_HEAD_TOKEN_MAP, DTYPE_I32, 1, &n_map, map);
+    }
     if (st == STATUS_OK)
         st = safetensors_writer_set_metadata(sw, "rope_style", h->cfg.rope_style == ROPE_STYLE_PAIRS ? "pairs" : "halves");
     if (st == STATUS_OK) st = safetensors_writer_set_metadata(sw, "target_architecture", h->cfg.architecture);
@@ -536,6 +545,7 @@ static enum status save_head(struct eagle_trainer *e, const char *path, int64_t 
     }
     safetensors_writer_free(sw);
     for (int i = 0; i < N; i++) free(host[i]);
+    free(map);
     if (st != STATUS_OK) return status_errorf(st, "--eagle-head: writing %s: %s", path, status_message());
     return STATUS_OK;
 }
