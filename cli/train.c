@@ -165,8 +165,8 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
     else if (!strcmp(a, "--moe-z-loss-coeff")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x < 1e6)) return bad("--moe-z-loss-coeff must be a number >= 0, got '%s'", v); o->moe_z_loss_coeff = (float)x; }
     else if (!strcmp(a, "--spec-token-map")) o->eagle_token_map = v;
     else if (!strcmp(a, "--eagle-init")) o->eagle_init = v;
-    else if (!strcmp(a, "--eagle-feature-noise")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x <= 10.0)) return bad("--eagle-feature-noise must be a number in [0, 10], got '%s'", v); o->eagle_feature_noise = (float)x; }
-    else if (!strcmp(a, "--eagle-feature-loss")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x <= 1e6)) return bad("--eagle-feature-loss must be a number in [0, 1e6], got '%s'", v); o->eagle_feature_loss = (float)x; }
+    else if (!strcmp(a, "--eagle-feature-noise")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x <= 10.0)) return bad("--eagle-feature-noise must be a number in [0, 10], got '%s'", v); o->eagle_feature_noise = (float)x; o->eagle_given |= EAGLE_GIVEN_FEATURE_NOISE; }
+    else if (!strcmp(a, "--eagle-feature-loss")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x <= 1e6)) return bad("--eagle-feature-loss must be a number in [0, 1e6], got '%s'", v); o->eagle_feature_loss = (float)x; o->eagle_given |= EAGLE_GIVEN_FEATURE_LOSS; }
     else if (!strcmp(a, "--eagle-ffn")) { if (parse_int(v, 1, 1 << 20, &o->eagle_ffn)) return bad("--eagle-ffn must be an integer in [1, 1048576], got '%s'", v); }
     else if (!strcmp(a, "--lora-rank")) { if (parse_int(v, 1, 4096, &o->lora_rank)) return bad("--lora-rank must be an integer in [1, 4096], got '%s'", v); }
     else if (!strcmp(a, "--lora-alpha")) { double x; if (parse_double(v, &x) || !(x > 0)) return bad("--lora-alpha must be a positive number, got '%s'", v); o->lora_alpha = (float)x; if (!o->lora_rank) o->lora_rank = 32; }
@@ -277,6 +277,7 @@ int train_main(int argc, char **argv)
         }
         if (!strcmp(a, "--eagle-unroll")) {
             o.eagle_unroll = 1;
+            o.eagle_given |= EAGLE_GIVEN_UNROLL;
             continue;
         }
         if (!strcmp(a, "--use-distributed-optimizer")) {

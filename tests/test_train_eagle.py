@@ -27,7 +27,8 @@
    (42 % here; by hand, a head trained 30 steps on Shakespeare instead had 0 of 32 accepted);
    the frozen model's rows cached after the first epoch train the same head as its forward run
    every epoch; --eagle-init continues from the trained head's tensors; checkpoints
-   (--save-interval, SIGTERM) resume bit for bit. A head trained with --spec-token-map carries the
+   (--save-interval, SIGTERM) resume bit for bit, the resume taking the run's settings (regression,
+   noise, unroll) from the checkpoint and refusing other values. A head trained with --spec-token-map carries the
    map (int32 token_map): served without the flag it drafts as with it; a map given to the server
    replaces it; --eagle-init keeps it; a token_map descending or outside the vocabulary is refused.
 3. Refusals: --eagle-ffn, --spec-token-map, --eagle-init, --eagle-feature-noise, --eagle-unroll without --eagle-head; --eagle-head with
@@ -493,12 +494,20 @@ def resume_check(shardlm, model, data, tmp):
     check(r.returncode == 0 and all(os.path.exists(os.path.join(ck, f)) for f in files),
           "--save-interval 100: checkpoints of the head and its state (exit %d)" % r.returncode)
     resumed = os.path.join(tmp, "resumed")
-    r = run([shardlm] + common + ["--out", resumed, "--resume", ck])
+    # (the settings left out: the checkpoint's, --eagle-feature-loss 10 and --eagle-feature-noise 0.1, go on)
+    bare = [x for i, x in enumerate(common) if x not in ("--eagle-feature-loss", "--eagle-feature-noise")
+            and common[i - 1] not in ("--eagle-feature-loss", "--eagle-feature-noise")]
+    r = run([shardlm] + bare + ["--out", resumed, "--resume", ck])
     losses = [[json.loads(x)["loss"] for x in open(os.path.join(d, "metrics.jsonl")) if '"loss"' in x]
               for d in (straight, resumed)] if r.returncode == 0 else [[], []]
     check(r.returncode == 0 and same(straight, resumed) and losses[1] == losses[0][200:],
-          "--resume at iteration 200: the head and state after 400 equal the straight run's bit for bit, iterations "
-          "201-400 the same losses (exit %d)" % r.returncode)
+          "--resume at iteration 200 without the run's settings (taken from the checkpoint): the head and state "
+          "after 400 equal the straight run's bit for bit, iterations 201-400 the same losses (exit %d)" % r.returncode)
+    for extra, why in ((["--eagle-feature-loss", "5"], "the run trained with --eagle-feature-loss 10, 5 given"),
+                       (["--eagle-unroll"], "the run trained without --eagle-unroll")):
+        r = run([shardlm] + bare + extra + ["--out", os.path.join(tmp, "resumed_other"), "--resume", ck])
+        check(r.returncode != 0 and why in r.stderr, "--resume with %s: refused (%s)"
+              % (" ".join(extra), r.stderr.strip().splitlines()[-1][-150:] if r.stderr.strip() else "no message"))
     stopped = os.path.join(tmp, "stopped")
     p = subprocess.Popen([shardlm] + common + ["--out", stopped], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True)

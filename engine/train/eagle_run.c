@@ -44,6 +44,36 @@ static struct train_batch batch_of(const struct micro_batch *mb)
                                 .positions = mb->positions, .n_docs = mb->n_docs, .doc_start = mb->doc_start};
 }
 
+/* --resume: the checkpoint's settings (eagle_checkpoint_settings) replace *set, the command line's;
+ * one given there with another value is refused: a resumed run continues the same training (a new
+ * run with --eagle-init changes them). A checkpoint without them keeps *set. */
+static enum status resume_settings(const struct train_options *o, struct eagle_settings *set)
+{
+    struct eagle_settings was;
+    int found = 0;
+    enum status st = eagle_checkpoint_settings(o->resume_dir, &was, &found);
+    if (st != STATUS_OK || !found) return st;
+    const struct {
+        const char *flag;
+        unsigned given;
+        double now, then;
+    } s[] = {{"--eagle-feature-loss", EAGLE_GIVEN_FEATURE_LOSS, set->feature_loss, was.feature_loss},
+             {"--eagle-feature-noise", EAGLE_GIVEN_FEATURE_NOISE, set->feature_noise, was.feature_noise}};
+    if ((o->eagle_given & EAGLE_GIVEN_UNROLL) && !was.unroll)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--resume %s: the run trained without --eagle-unroll: a resumed "
+                             "run continues the same training (--eagle-init starts a new one from the head)",
+                             o->resume_dir);
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
+        if ((o->eagle_given & s[i].given) && s[i].now != s[i].then)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "--resume %s: the run trained with %s %g, %g given: a resumed "
+                                 "run continues the same training (--eagle-init starts a new one from the head)",
+                                 o->resume_dir, s[i].flag, s[i].then, s[i].now);
+    *set = was;
+    LOG_INFO(MODULE, "resuming with the checkpoint's settings: --eagle-feature-loss %g, --eagle-feature-noise %g%s",
+             (double)was.feature_loss, (double)was.feature_noise, was.unroll ? ", --eagle-unroll" : "");
+    return STATUS_OK;
+}
+
 static enum status run_setup(struct eagle_run *r)
 {
     const struct train_options *o = r->o;
@@ -116,9 +146,11 @@ static enum status run_setup(struct eagle_run *r)
     if (st == STATUS_OK && o->eagle_init) st = eagle_trainer_load(r->e, init, what);
     safetensors_close(init);
     if (st != STATUS_OK) return st;
-    eagle_trainer_set_feature_loss(r->e, o->eagle_feature_loss);
-    eagle_trainer_set_feature_noise(r->e, o->eagle_feature_noise, o->seed);
-    if ((st = eagle_trainer_set_unroll(r->e, o->eagle_unroll)) != STATUS_OK) return st;
+    struct eagle_settings set = {o->eagle_feature_loss, o->eagle_feature_noise, o->eagle_unroll};
+    if (o->resume_dir && (st = resume_settings(o, &set)) != STATUS_OK) return st;
+    eagle_trainer_set_feature_loss(r->e, set.feature_loss);
+    eagle_trainer_set_feature_noise(r->e, set.feature_noise, o->seed);
+    if ((st = eagle_trainer_set_unroll(r->e, set.unroll)) != STATUS_OK) return st;
     r->progress = (struct eagle_progress){.cursor = {.seed = o->seed}};
     if (o->resume_dir) { /* the head, AdamW's moments, the cursor and the noise's stream where they were */
         if ((st = eagle_trainer_load_checkpoint(r->e, o->resume_dir, &r->progress)) != STATUS_OK) return st;

@@ -610,6 +610,15 @@ static enum status write_checkpoint(void *ctx, const char *dir)
         snprintf(value, sizeof value, "%lld", (long long)meta[i].v);
         st = safetensors_writer_set_metadata(w, meta[i].key, value);
     }
+    /* The run's settings (eagle_checkpoint_settings): a resumed run continues with them. */
+    const struct {
+        const char *key;
+        double v;
+    } set[] = {{"eagle_feature_loss", e->feature_weight}, {"eagle_feature_noise", e->noise}, {"eagle_unroll", e->unroll}};
+    for (size_t i = 0; i < sizeof set / sizeof set[0] && st == STATUS_OK; i++) {
+        snprintf(value, sizeof value, "%.9g", set[i].v); /* (a float's value exactly, read back) */
+        st = safetensors_writer_set_metadata(w, set[i].key, value);
+    }
     if (st == STATUS_OK) st = safetensors_writer_set_metadata(w, "format", TRAIN_STATE_FORMAT);
     if (st == STATUS_OK) st = safetensors_writer_set_metadata(w, "trained", "eagle_head");
     if (st == STATUS_OK) {
@@ -628,6 +637,36 @@ enum status eagle_trainer_save_checkpoint(struct eagle_trainer *e, const char *d
     enum status st = train_checkpoint_write_dir(dir, write_checkpoint, &c);
     if (st == STATUS_OK) LOG_INFO(MODULE, "checkpoint %s written (iteration %lld)", dir, (long long)p->iteration);
     return st;
+}
+
+enum status eagle_checkpoint_settings(const char *dir, struct eagle_settings *s, int *found)
+{
+    char state[4400];
+    snprintf(state, sizeof state, "%s/" TRAIN_STATE_FILE, dir);
+    struct safetensors *sf = NULL;
+    *found = 0;
+    enum status st = safetensors_open(state, &sf);
+    if (st != STATUS_OK) return status_errorf(st, "--resume %s: no training state: %s", dir, status_message());
+    const char *keys[3] = {"eagle_feature_loss", "eagle_feature_noise", "eagle_unroll"};
+    double v[3];
+    int n = 0;
+    for (int i = 0; i < 3; i++) {
+        const char *text = safetensors_metadata(sf, keys[i]);
+        char *end = NULL;
+        if (text) v[i] = strtod(text, &end);
+        if (text && (end == text || *end || !(v[i] >= 0.0)))
+            st = status_errorf(STATUS_BAD_FORMAT, "--resume %s: metadata %s is '%s', not a number", state, keys[i], text);
+        n += text != NULL;
+    }
+    safetensors_close(sf);
+    if (st != STATUS_OK) return st;
+    if (n != 0 && n != 3)
+        return status_errorf(STATUS_BAD_FORMAT, "--resume %s: %d of the 3 settings' metadata", state, n);
+    if (n == 3) { /* (none: a checkpoint written before 2026-12-05 recorded them) */
+        *s = (struct eagle_settings){.feature_loss = (float)v[0], .feature_noise = (float)v[1], .unroll = v[2] != 0.0};
+        *found = 1;
+    }
+    return STATUS_OK;
 }
 
 enum status eagle_trainer_load_checkpoint(struct eagle_trainer *e, const char *dir, struct eagle_progress *p)

@@ -130,6 +130,15 @@ enum status eagle_trainer_save_checkpoint(struct eagle_trainer *e, const char *d
  * the step and the noise's stream; *p where the run was. STATUS_BAD_FORMAT naming what is wrong
  * (a missing or mis-sized tensor, not an EAGLE head's state, a head of another iteration). */
 enum status eagle_trainer_load_checkpoint(struct eagle_trainer *e, const char *dir, struct eagle_progress *p);
+/* The settings a checkpoint's run trained with (recorded in its training state as metadata
+ * eagle_feature_loss, eagle_feature_noise, eagle_unroll): --resume continues with them, refusing
+ * a different value given on the command line (eagle_run.c). *found 0 for a checkpoint written
+ * before they were recorded; STATUS_BAD_FORMAT for a value that is not a number, or some missing. */
+struct eagle_settings {
+    float feature_loss, feature_noise;
+    int unroll;
+};
+enum status eagle_checkpoint_settings(const char *dir, struct eagle_settings *s, int *found);
 
 /* The command: o->model_dir's model frozen, o->data, the schedule and AdamW of o, the token
  * map o->eagle_token_map (or none), the head written to o->out_dir/eagle_head.safetensors with

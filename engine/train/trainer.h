@@ -24,6 +24,8 @@
  * fp32 master weights, gradients and moments. */
 enum train_precision { TRAIN_PRECISION_F32, TRAIN_PRECISION_BF16, TRAIN_PRECISION_FP16 };
 
+enum { EAGLE_GIVEN_FEATURE_LOSS = 1, EAGLE_GIVEN_FEATURE_NOISE = 2, EAGLE_GIVEN_UNROLL = 4 };
+
 struct train_options {
     const char *model_dir;        /* the model to start from (anything serve loads) */
     const char *data;             /* comma-separated training files */
@@ -81,6 +83,8 @@ struct train_options {
     float       eagle_feature_loss; /* --eagle-feature-loss W: EAGLE-1's feature regression's weight */
     float       eagle_feature_noise; /* --eagle-feature-noise A: EAGLE-1's noise on the features read */
     int         eagle_unroll;        /* --eagle-unroll: a second pass reading the head's own outputs */
+    unsigned    eagle_given;         /* which of those three the command line gave (EAGLE_GIVEN_*): a
+                                        resumed run takes the others from its checkpoint */
     const char *eagle_init;       /* --eagle-init FILE: start from this head (its MLP size too) */
     enum device device;
     int         threads;
