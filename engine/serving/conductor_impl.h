@@ -90,6 +90,13 @@ struct conductor {
      * SHARDLM_SPEC_PRIOR=0 (tests that need every sequence to draft). */
     uint64_t spec_g_drafted, spec_g_accepted;
     int      spec_g_backoff, spec_prior;
+    /* Beside prompt lookup (spec_lookup_first), what the draft model or head costs and saves
+     * (draft_gate): the seconds its proposals took, the tokens of its drafts accepted, over the
+     * sequences it proposed for (halved as they grow); a decode step's seconds (a moving mean);
+     * while it costs more than it saves, only one opportunity in SPEC_GATE_PROBE proposes, which
+     * spec_d_opportunities counts. */
+    double   spec_d_seconds, spec_d_accepted, step_seconds;
+    uint64_t spec_d_runs, spec_d_opportunities;
     int      max_logits;
     float   *logits;              /* (max_logits, vocab) host */
     float   *scratch;             /* (2, vocab) log-softmax and a logits copy */

@@ -38,6 +38,8 @@
 #define SPEC_BACKOFF_MAX    256 /* each consecutive backoff doubles, up to this */
 #define SPEC_PRIOR_MIN      32  /* drafts verified server-wide before the prior judges */
 #define SPEC_PRIOR_HALVE    1024 /* the server-wide counts are halved beyond this (recent drafts weigh most) */
+#define SPEC_GATE_MIN       16  /* the draft's proposals counted before draft_gate judges */
+#define SPEC_GATE_PROBE     16  /* while the draft beside lookup is gated, one opportunity in this many proposes */
 
 /* Whether s may draft this step: decoding (one real token pending), not opted out, not on the
  * device-greedy path (its argmax comes from the device, one row per sequence), and past its
@@ -210,6 +212,33 @@ static int spec_prior_low(const struct conductor *c)
 {
     return c->spec_prior && c->spec_g_drafted >= SPEC_PRIOR_MIN &&
            c->spec_g_accepted * SPEC_MIN_ACCEPT_DEN < c->spec_g_drafted;
+}
+
+/* Whether the draft model or head may propose for a sequence this step, beside prompt lookup
+ * (which found nothing for it). Acceptance alone does not say whether it pays: its forwards cost
+ * time even where they end in no draft (--spec-p-min), and its first proposal for a sequence
+ * runs over the whole prompt; on SQuAD questions (Gemma 3 + the chat adapter, long passages and
+ * answers of a few tokens) a head that drafted nothing at all still took the server from 1.42x
+ * to 1.25x of the speed without speculation. So its proposals' seconds and the tokens of its
+ * drafts accepted are counted server-wide; once SPEC_GATE_MIN proposals are counted, while the
+ * tokens times a decode step's seconds are below the seconds, it proposes at one opportunity in
+ * SPEC_GATE_PROBE only, enough for the counts to follow the traffic and open the gate again.
+ * Off with the prior (SHARDLM_SPEC_PRIOR=0). */
+static int draft_gate(struct conductor *c)
+{
+    if (!c->spec_prior || c->spec_d_runs < SPEC_GATE_MIN || c->spec_d_accepted * c->step_seconds >= c->spec_d_seconds)
+        return 1;
+    return c->spec_d_opportunities++ % SPEC_GATE_PROBE == 0;
+}
+
+/* draft_gate's counts after proposals for n sequences that took dt seconds (accepted 0), or after
+ * accepted tokens of its drafts were verified (n, dt 0). */
+static void draft_gate_count(struct conductor *c, int n, double dt, int accepted)
+{
+    c->spec_d_runs += (uint64_t)n;
+    c->spec_d_seconds += dt;
+    c->spec_d_accepted += accepted;
+    if (c->spec_d_runs > SPEC_PRIOR_HALVE) c->spec_d_runs /= 2, c->spec_d_seconds /= 2, c->spec_d_accepted /= 2;
 }
 
 /* The prior after a sequence's window was judged (low or not) and its n_ver verified drafts, of
@@ -476,12 +505,16 @@ void speculate(struct conductor *c)
             budget -= k;
             continue;
         }
-        if (n_ds == c->draft.n_slots || !draft_claim(&c->draft, s, max)) continue;
+        if (n_ds == c->draft.n_slots || (c->o.spec_lookup_first && !draft_gate(c)) || !draft_claim(&c->draft, s, max))
+            continue;
         ds[n_ds] = s;
         want[n_ds++] = max;
         budget -= max;
     }
-    if (n_ds) propose(c, ds, want, n_ds);
+    if (!n_ds) return;
+    const double t0 = base_now_s();
+    propose(c, ds, want, n_ds);
+    if (c->o.spec_lookup_first) draft_gate_count(c, n_ds, base_now_s() - t0, 0);
 }
 
 enum status conductor_set_spec_corpus(struct conductor *c, const int32_t *ids, int64_t n)
@@ -655,6 +688,7 @@ void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_v
     pthread_mutex_lock(&c->mu);
     c->stats.spec_drafted += (uint64_t)n_ver;
     c->stats.spec_accepted += (uint64_t)n_accepted;
+    if (!s->spec_lookup && c->draft.m && c->o.spec_lookup_first) draft_gate_count(c, 0, 0.0, n_accepted);
     if (s->spec_lookup == SPEC_FROM_LOOKUP) {
         c->stats.spec_lookup_drafted += (uint64_t)n_ver;
         c->stats.spec_lookup_accepted += (uint64_t)n_accepted;
