@@ -226,9 +226,14 @@ static int spec_prior_low(const struct conductor *c)
  * Off with the prior (SHARDLM_SPEC_PRIOR=0). */
 static int draft_gate(struct conductor *c)
 {
-    if (!c->spec_prior || c->spec_d_runs < SPEC_GATE_MIN || c->spec_d_accepted * c->step_seconds >= c->spec_d_seconds)
-        return 1;
-    return c->spec_d_opportunities++ % SPEC_GATE_PROBE == 0;
+    const int shut = c->spec_prior && c->spec_d_runs >= SPEC_GATE_MIN &&
+                     c->spec_d_accepted * c->step_seconds < c->spec_d_seconds;
+    if (shut != c->spec_d_gated)
+        LOG_INFO("engine", "speculative: the draft beside prompt lookup %s (its proposals lately %.3f s, its accepted "
+                 "tokens about %.3f s of decode steps)", shut ? "now proposes at one opportunity in 16: it costs "
+                 "more than it saves" : "proposes again", c->spec_d_seconds, c->spec_d_accepted * c->step_seconds);
+    c->spec_d_gated = shut;
+    return !shut || c->spec_d_opportunities++ % SPEC_GATE_PROBE == 0;
 }
 
 /* draft_gate's counts after proposals for n sequences that took dt seconds (accepted 0), or after
@@ -685,10 +690,10 @@ void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_v
     if (c->draft.m) draft_rollback(&c->draft, s, real_end + n_accepted);
     check_matcher(c, s);
     const int backoff = adapt(c, s, limit, n_ver, n_accepted);
+    if (!s->spec_lookup && c->draft.m && c->o.spec_lookup_first) draft_gate_count(c, 0, 0.0, n_accepted);
     pthread_mutex_lock(&c->mu);
     c->stats.spec_drafted += (uint64_t)n_ver;
     c->stats.spec_accepted += (uint64_t)n_accepted;
-    if (!s->spec_lookup && c->draft.m && c->o.spec_lookup_first) draft_gate_count(c, 0, 0.0, n_accepted);
     if (s->spec_lookup == SPEC_FROM_LOOKUP) {
         c->stats.spec_lookup_drafted += (uint64_t)n_ver;
         c->stats.spec_lookup_accepted += (uint64_t)n_accepted;

@@ -343,13 +343,14 @@ def gate(a, eagle, base, tmp):
     its proposals never draft) is gated (conductor_speculate.c draft_gate): after 16 proposals it
     proposes at one opportunity in 16 only, where the same requests with the gate off
     (SHARDLM_SPEC_PRIOR=0) propose at every one; the greedy answers are the same."""
-    counts, answers = [], []
+    counts, answers, logs = [], [], []
     for name, env in (("eagle-gate-off", dict(os.environ, SHARDLM_SPEC_PRIOR="0")), ("eagle-gate", dict(os.environ))):
         path = tmp / f"trace-{name}.txt"
         try:
             with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", *eagle, "--spec-ngram", "3",
                            "--spec-p-min", "1.0", name=name, env=dict(env, SHARDLM_EAGLE_TRACE=str(path))) as srv:
                 answers.append(greedy(srv, 1) + greedy(srv, 1))
+                logs.append(srv.log_path.read_text())
         finally:
             TS.kill_all()
         counts.append(len(parse_trace(path)) if path.exists() else 0)
@@ -357,6 +358,8 @@ def gate(a, eagle, base, tmp):
     most = 16 + (off - 16 + 15) // 16 + 2
     check(off >= 64 and 16 <= on <= most, f"a head that never drafts, beside prompt lookup: {on} proposals with the "
           f"gate against {off} without it (16 + one in 16 after them: at most {most})")
+    said = "the draft beside prompt lookup now proposes at one opportunity in 16"
+    check(said in logs[1] and said not in logs[0], "the gated server's log says when it closes; the other's does not")
     same = sum(u == v for r in answers for u, v in zip(base[0] * 2, r))
     check(same == 4 * len(PROMPTS), f"gated and not: {same} of {4 * len(PROMPTS)} greedy answers equal")
 
