@@ -574,11 +574,11 @@ int conductor_step(struct conductor *c)
         return busy;
     }
     verify_inject_fault(c);
-    const double t0 = base_now_s();
+    const double t0 = c->spec_gate ? base_now_s() : 0.0;
     enum status st = run_planned_step(c);                    /* 3 */
     if (c->test_step_delay_ns > 0) nanosleep(&(struct timespec){0, c->test_step_delay_ns}, NULL);
     take_results(c, st);                                     /* 4 */
-    if (c->sched.batch.prefill_rows == 0) { /* a decode step's seconds, for draft_gate: a moving mean */
+    if (c->spec_gate && c->sched.batch.prefill_rows == 0) { /* a decode step's seconds, for draft_gate: a moving mean */
         const double dt = base_now_s() - t0;
         c->step_seconds = c->step_seconds > 0.0 ? c->step_seconds + (dt - c->step_seconds) / 16.0 : dt;
     }

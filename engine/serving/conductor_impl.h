@@ -98,6 +98,7 @@ struct conductor {
     double   spec_d_seconds, spec_d_accepted, step_seconds;
     uint64_t spec_d_runs, spec_d_opportunities;
     int      spec_d_gated;        /* the gate's last state, for its log line when it changes */
+    int      spec_gate;           /* a draft beside prompt lookup: draft_gate applies (conductor_setup) */
     int      max_logits;
     float   *logits;              /* (max_logits, vocab) host */
     float   *scratch;             /* (2, vocab) log-softmax and a logits copy */

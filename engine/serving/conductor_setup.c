@@ -97,6 +97,7 @@ static enum status load_draft(struct conductor *c)
                                     : draft_load(o->draft_model_dir, c->b, c->m, slots, &c->draft);
     if (st == STATUS_OK && o->draft_token_map) st = draft_token_map(&c->draft, o->draft_token_map);
     if (st != STATUS_OK) return st;
+    c->spec_gate = o->spec_lookup_first; /* draft_gate: the draft beside prompt lookup */
     const size_t V = (size_t)c->m->cfg.vocab_size, k = (size_t)(o->spec_draft < 32 ? o->spec_draft : 32);
     c->spec_q = malloc((size_t)c->draft.n_slots * k * V * sizeof *c->spec_q);
     c->spec_p = malloc(V * sizeof *c->spec_p);

@@ -510,16 +510,16 @@ void speculate(struct conductor *c)
             budget -= k;
             continue;
         }
-        if (n_ds == c->draft.n_slots || (c->o.spec_lookup_first && !draft_gate(c)) || !draft_claim(&c->draft, s, max))
+        if (n_ds == c->draft.n_slots || (c->spec_gate && !draft_gate(c)) || !draft_claim(&c->draft, s, max))
             continue;
         ds[n_ds] = s;
         want[n_ds++] = max;
         budget -= max;
     }
     if (!n_ds) return;
-    const double t0 = base_now_s();
+    const double t0 = c->spec_gate ? base_now_s() : 0.0;
     propose(c, ds, want, n_ds);
-    if (c->o.spec_lookup_first) draft_gate_count(c, n_ds, base_now_s() - t0, 0);
+    if (c->spec_gate) draft_gate_count(c, n_ds, base_now_s() - t0, 0);
 }
 
 enum status conductor_set_spec_corpus(struct conductor *c, const int32_t *ids, int64_t n)
@@ -690,7 +690,7 @@ void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_v
     if (c->draft.m) draft_rollback(&c->draft, s, real_end + n_accepted);
     check_matcher(c, s);
     const int backoff = adapt(c, s, limit, n_ver, n_accepted);
-    if (!s->spec_lookup && c->draft.m && c->o.spec_lookup_first) draft_gate_count(c, 0, 0.0, n_accepted);
+    if (!s->spec_lookup && c->spec_gate) draft_gate_count(c, 0, 0.0, n_accepted);
     pthread_mutex_lock(&c->mu);
     c->stats.spec_drafted += (uint64_t)n_ver;
     c->stats.spec_accepted += (uint64_t)n_accepted;

@@ -158,7 +158,7 @@ static enum status eagle_place(struct draft *d, struct model *h, const float *sr
  * SHARDLM_EAGLE_WEIGHTS=f32 keeps them in the compute dtype, =q8_0 makes them Q8_0 beside any
  * CPU target (tests). */
 static enum status eagle_weights(struct draft *d, struct model *h, const struct model *target,
-                                 const struct safetensors *st, const char *path)
+                                 const struct safetensors *st, const char *what)
 {
     const int64_t D = h->cfg.d_model;
     const char *force = getenv("SHARDLM_EAGLE_WEIGHTS");
@@ -166,8 +166,6 @@ static enum status eagle_weights(struct draft *d, struct model *h, const struct 
                    (force && *force ? !strcmp(force, "q8_0") : target->weight_bytes_blocks > 0);
     struct eagle_head_tensor list[EAGLE_HEAD_TENSORS];
     eagle_head_tensors(h, list);
-    char what[4200];
-    snprintf(what, sizeof what, "--draft-model %s", path);
     enum status ret = STATUS_OK;
     float *host = NULL;
     for (int i = 0; i < EAGLE_HEAD_TENSORS && ret == STATUS_OK; i++) {
@@ -241,11 +239,11 @@ enum status draft_load_eagle(const char *path, const char *target_dir, struct ba
     const struct st_tensor *up = safetensors_find(st, "layers.0.mlp.up_proj.weight");
     eagle_head_shape(h, target, ends, up && up->ndim == 2 && up->shape[0] > 0 && up->shape[0] <= (1 << 20)
                                           ? (int)up->shape[0] : target->cfg.ffn_hidden);
-    ret = eagle_weights(d, h, target, st, path);
+    char what[4200]; /* how errors about the file open */
+    snprintf(what, sizeof what, "--draft-model %s", path);
+    ret = eagle_weights(d, h, target, st, what);
     int32_t *map = NULL; /* the token map the head carries (shardlm train --eagle-head --spec-token-map) */
     int n_map = 0;
-    char what[4200];
-    snprintf(what, sizeof what, "--draft-model %s", path);
     if (ret == STATUS_OK) ret = eagle_head_token_map(st, what, target->cfg.vocab_size, &map, &n_map);
     safetensors_close(st);
     if (ret == STATUS_OK) ret = slots_init(d, b, target, n_slots);
