@@ -17,6 +17,7 @@
 
 #include "engine.h"
 #include "parallel.h"
+#include "request.h"
 #include "tokenizer.h"
 
 static int n_pass, n_fail;
@@ -543,6 +544,15 @@ static void test_kv_fraction(const char *dir)
     st = engine_create(&o, &e);
     check(st == STATUS_INVALID_ARGUMENT && strstr(status_message(), "kv_cache_fraction"), "a fraction above 0.95 is refused",
           "%s", status_message());
+    engine_free(e);
+    /* A top-n beyond what a token's log-probabilities hold (a library caller's option). */
+    o = engine_options_default();
+    o.model_dir = dir;
+    o.max_logprobs = REQUEST_MAX_TOP_LOGPROBS + 1;
+    e = NULL;
+    st = engine_create(&o, &e);
+    check(st == STATUS_INVALID_ARGUMENT && strstr(status_message(), "max_logprobs must be at most 64"),
+          "max_logprobs 65 is refused", "%s", status_message());
     engine_free(e);
     /* Speculation's knobs, for callers that do not go through the CLI's checks. */
     o = engine_options_default();

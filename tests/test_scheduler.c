@@ -510,8 +510,38 @@ static void test_logits_budget(void)
     pool_close(&p);
 }
 
+/* Drafts ride on the blocks the pool has once every running sequence's real rows have theirs:
+ * they never preempt (the older sequence's four drafts would need two more blocks; the pool has
+ * two, one of them the newer sequence's next row's), and the drafts left out are not verified. */
+static void test_drafts_never_preempt(void)
+{
+    struct pool p;
+    pool_open(&p, 4, 4, 64, 0);
+    struct seq *a = new_seq(10, BT, 8), *b = new_seq(20, BT, 8);
+    scheduler_enqueue(&p.s, a);
+    scheduler_enqueue(&p.s, b);
+    scheduler_plan(&p.s);
+    run_step(&p, 7); /* each holds 5 tokens: its next row needs a second block; two are free */
+    for (int i = 0; i < 4; i++) a->tokens[a->n_tokens++] = 9;
+    a->n_draft = 4;
+    scheduler_plan(&p.s);
+    const struct step_batch *bt = &p.s.batch;
+    check(p.s.preemptions == 0 && p.s.n_running == 2 && b->n_rows == 1 && b->wants_sample,
+          "four drafts needing two blocks preempt no one (%llu preemptions, %d running, the newer %d rows)",
+          (unsigned long long)p.s.preemptions, p.s.n_running, b->n_rows);
+    check(a->n_rows == 4 && a->wants_sample && a->n_blocks == 2 && b->n_blocks == 2 && p.cache.n_free == 0 &&
+              bt->n_logits == 5,
+          "the drafted sequence runs its real row and the three drafts its second block holds (%d rows, %d logits rows)",
+          a->n_rows, bt->n_logits);
+    a->n_tokens -= a->n_draft, a->n_draft = 0;
+    finish(&p, a);
+    finish(&p, b);
+    pool_close(&p);
+}
+
 int main(void)
 {
+    test_drafts_never_preempt();
     test_logits_budget();
     test_admission();
     test_preemption();

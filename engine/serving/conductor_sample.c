@@ -116,7 +116,7 @@ int32_t take_chosen(struct conductor *c, struct seq *s, const float *row, int32_
     float *lp = c->scratch;
     /* Log-probabilities are those of the model's distribution (the raw logits). */
     float tok_lp = 0.0f;
-    struct top_logprob top[64];
+    struct top_logprob top[REQUEST_MAX_TOP_LOGPROBS]; /* (engine_create refuses a larger max_logprobs) */
     int n_top = r->p.logprobs > 0 ? r->p.logprobs : 0;
     if (r->p.logprobs >= 0) {
         sampler_log_softmax(row, lp, V);

@@ -460,7 +460,10 @@ void speculate(struct conductor *c)
      * above --spec-max-batch drafts nothing, but its finished owners' slots must not stay taken). */
     if (c->draft.m) draft_sweep(&c->draft, sc->running, sc->n_running);
     if (c->o.spec_draft <= 0 || sc->n_running > (c->o.spec_max_batch > 0 ? c->o.spec_max_batch : 4)) return;
-    int budget = c->max_logits - 64 - sc->n_running, rows = c->o.max_batch_tokens - sc->n_running;
+    /* (64 logits rows, or half of a small step's, kept for prompts that ask for log-probabilities:
+     * with --max-batch-tokens 64 a fixed 64 left none, and speculation silently never drafted) */
+    const int keep = c->max_logits / 2 < 64 ? c->max_logits / 2 : 64;
+    int budget = c->max_logits - keep - sc->n_running, rows = c->o.max_batch_tokens - sc->n_running;
     if (rows < budget) budget = rows;
     const int ngram = c->o.spec_ngram > 0 ? c->o.spec_ngram : 3;
     const int ngram_min = c->o.spec_ngram_min > 0 ? c->o.spec_ngram_min : 2;

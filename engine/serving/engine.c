@@ -55,6 +55,9 @@ static enum status resolve_options(const struct engine_options *opt, struct engi
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "engine limits must be positive (max_batch_tokens %d, max_seqs %d <= 4096, max_queue %d)",
                              o.max_batch_tokens, o.max_seqs, o.max_queue);
+    if (o.max_logprobs > REQUEST_MAX_TOP_LOGPROBS)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "max_logprobs must be at most %d, got %d",
+                             REQUEST_MAX_TOP_LOGPROBS, o.max_logprobs);
     if (!(o.verify_prefix_cache >= 0 && o.verify_prefix_cache <= 1))
         return status_errorf(STATUS_INVALID_ARGUMENT, "verify_prefix_cache must be a fraction in [0, 1], got %g",
                              o.verify_prefix_cache);

@@ -64,7 +64,7 @@ struct engine_options {
     int   max_queue;           /* waiting samples at most: a request of n samples is refused when
                                   they would take the waiting samples above it (and n above it
                                   is invalid); 0 = 1024 */
-    int   max_logprobs;        /* largest top-n a request may ask; 0 = 20 */
+    int   max_logprobs;        /* largest top-n a request may ask; 0 = 20; at most 64 */
     int   prefix_caching;      /* 1 = share full prompt blocks between requests by hash */
     int   prefix_cache_per_owner; /* 1 = only between requests of the same request_params.owner
                                   (`--prefix-cache-per-key`: no API key's prompts speed up another's) */

@@ -32,6 +32,7 @@ struct grammar_matcher;
 #define REQUEST_MAX_LOGIT_BIAS_ABS 100  /* |logit_bias value| */
 #define REQUEST_MAX_CACHE_SALT_BYTES 1024 /* cache_salt (HTTP and gRPC) */
 #define REQUEST_DEFAULT_MAX_LOGPROBS 20 /* engine_options.max_logprobs when 0 */
+#define REQUEST_MAX_TOP_LOGPROBS     64 /* the largest engine_options.max_logprobs (a token's top-n on the stack) */
 #define REQUEST_ID_MAX_BYTES       100  /* request_id */
 
 /* ---- limits --------------------------------------------------------------------------------- */

@@ -311,11 +311,12 @@ static int logit_rows(const struct seq *q, int take)
     return n;
 }
 
-/* Rows q may run this step: its pending tokens, bounded by the token budget and by the logits
- * rows the step has left (max_logits less those of the sequences decided before q). */
-static int rows_for(const struct scheduler *s, const struct seq *q, int budget)
+/* Rows q may run this step: its pending tokens up to `upto` (its last real token, or its last
+ * draft), bounded by the token budget and by the logits rows the step has left (max_logits less
+ * those of the sequences decided before q). */
+static int rows_for(const struct scheduler *s, const struct seq *q, int upto, int budget)
 {
-    int take = q->n_tokens - q->n_cached;
+    int take = upto - q->n_cached;
     if (take > budget) take = budget;
     const int logits_left = s->o.max_logits - s->logits_planned;
     if (wants_prompt_logprobs(q) && take > logits_left - 1) take = logits_left - 1;
@@ -330,7 +331,7 @@ static int admit(struct scheduler *s, int i, int budget)
     struct seq *q = s->waiting[i];
     int reused_before = q->n_cached;
     reuse_prefix(s, q);
-    int take = rows_for(s, q, budget);
+    int take = rows_for(s, q, q->n_tokens, budget);
     const int bt = s->cache->block_tokens;
     int need = (q->n_cached + take + bt - 1) / bt - q->n_blocks;
     if (take == 0 || kv_cache_available(s->cache) < need ||
@@ -421,6 +422,31 @@ static void preempt_for_policy(struct scheduler *s)
     }
 }
 
+/* The rows of planned q's drafts (speculation), once every running sequence's real rows have
+ * their blocks: as many as the budget, the step's logits rows and the pool's available blocks
+ * allow, never preempting anyone (q included) and never taking a block a real row needs this
+ * step; drafts left out are simply not verified. Returns the rows added. */
+static int plan_drafts(struct scheduler *s, struct seq *q, int budget)
+{
+    const int bt = s->cache->block_tokens, had = q->n_rows;
+    if (q->n_cached + had < q->n_tokens - q->n_draft) return 0; /* its real rows do not all run */
+    s->logits_planned -= logit_rows(q, had);
+    int take = rows_for(s, q, q->n_tokens, budget + had);
+    const int room = (q->n_blocks + kv_cache_available(s->cache)) * bt - q->n_cached;
+    if (take > room) take = room;
+    if (take < had) take = had;
+    const int need = (q->n_cached + take + bt - 1) / bt - q->n_blocks;
+    if (need > 0 && base_grow((void **)&q->blocks, &q->cap_blocks, (size_t)(q->n_blocks + need), sizeof *q->blocks))
+        take = had; /* (out of host memory: the drafts are not verified) */
+    else if (need > 0) {
+        CHECK(kv_cache_alloc(s->cache, need, q->blocks + q->n_blocks) == STATUS_OK, "kv alloc after check");
+        q->n_blocks += need;
+    }
+    q->n_rows = take;
+    s->logits_planned += logit_rows(q, take);
+    return take - had;
+}
+
 int scheduler_plan(struct scheduler *s)
 {
     struct step_batch *b = &s->batch;
@@ -431,11 +457,11 @@ int scheduler_plan(struct scheduler *s)
     for (int i = 0; i < s->n_running; i++) s->running[i]->n_rows = 0, s->running[i]->wants_sample = 0;
     if (s->o.policy == SCHEDULING_PRIORITY) running_sort_by_priority(s);
     preempt_for_policy(s);
-    /* Rows are decided (and blocks taken, preempting the last) in running order; a preempted
-     * sequence always comes after every one planned before it. */
+    /* Real rows are decided (and blocks taken, preempting the last) in running order; a
+     * preempted sequence always comes after every one planned before it. Then drafts. */
     for (int i = 0; i < s->n_running && budget > 0; i++) {
         struct seq *q = s->running[i];
-        int take = rows_for(s, q, budget);
+        int take = rows_for(s, q, q->n_tokens - q->n_draft, budget);
         if (take == 0) continue;
         if (!ensure_blocks(s, q, q->n_cached + take)) break; /* q itself was preempted: it was last */
         q->n_rows = take;
@@ -443,6 +469,8 @@ int scheduler_plan(struct scheduler *s)
         s->logits_planned += logit_rows(q, take);
         budget -= take;
     }
+    for (int i = 0; i < s->n_planned && budget > 0; i++)
+        if (s->planned[i]->n_draft > 0) budget -= plan_drafts(s, s->planned[i], budget);
     if (s->o.policy == SCHEDULING_FAIR) clients_count(s);
     while (s->n_waiting > 0 && s->n_running < s->o.max_seqs && budget > 0) {
         int take = admit(s, next_waiting(s), budget);

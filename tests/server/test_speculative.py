@@ -64,7 +64,7 @@ def others(srv, chat, prompt=PROMPTS[0]):
     return out
 
 
-def compare(a, model, name, chat, launcher=(), extra=(), batch=True, draft=4):
+def compare(a, model, name, chat, launcher=(), extra=(), batch=True, draft=4, tight=False):
     """batch False: a model whose logits depend on how many rows a step holds (a GGUF's blocks: under
     32 rows int8 products, from 32 on dequantized ones, docs/quantization.md) is compared one request
     at a time only, where a step holds its one row plus its drafts (under 32). draft: --spec-draft;
@@ -91,6 +91,8 @@ def compare(a, model, name, chat, launcher=(), extra=(), batch=True, draft=4):
         print(f"note {name}: not batch-invariant without speculation either ({sum(x == y for x, y in zip(s0, p0))} "
               f"of 16 equal at 16 at once): compared one at a time only")
     check(o0 == o1, f"{name}: sampled and penalised requests unchanged with speculation")
+    if tight:
+        check(st.preemptions > 0, f"{name}: the pool is tight ({st.preemptions} preemptions with speculation)")
     check(st.spec_draft_tokens > 0 and 0 < st.spec_accepted_tokens <= st.spec_draft_tokens,
           f"{name}: speculation ran: {st.spec_draft_tokens} draft tokens, {st.spec_accepted_tokens} accepted")
     check((st.spec_lookup_draft_tokens, st.spec_lookup_accepted_tokens) == (st.spec_draft_tokens,
@@ -201,6 +203,11 @@ def main():
         per_request(a)
         compare(a, a.model, "stories260K", chat=False)
         compare(a, a.model, "stories260K, 8 drafts", chat=False, draft=8)
+        # Steps of 48 rows (before, no logits rows were left for drafts: speculation silently never
+        # ran) over a pool of 40 four-token blocks, less than 16 answers at once need: drafts
+        # ride on the blocks there are and never preempt (test_scheduler.c), the answers unchanged.
+        compare(a, a.model, "stories260K, 48-row steps, a tight pool", chat=False,
+                extra=["--max-seqs", "16", "--max-batch-tokens", "48", "--block-tokens", "4", "--kv-cache-blocks", "40"], tight=True)
         if shutil.which("mpirun"):
             os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
