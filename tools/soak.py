@@ -495,6 +495,11 @@ def report(args, r, pid, max_queue, server):
     print(f"server: {st.requests_submitted - s0.requests_submitted} requests submitted, "
           f"{st.engine_steps - s0.engine_steps} engine steps, {st.preemptions - s0.preemptions} preemptions, "
           f"prefix cache hit rate {st.prefix_cache_hit_rate:.2f}")
+    drafted = st.spec_draft_tokens - s0.spec_draft_tokens
+    if drafted or args.expect_drafts:
+        print(f"speculation: {drafted} draft tokens verified, {st.spec_accepted_tokens - s0.spec_accepted_tokens} accepted")
+    if args.expect_drafts and drafted == 0:
+        failures.append("--expect-drafts: no draft was verified")
     print(f"settled: running {st.running}, waiting {st.waiting}, finished {st.requests_finished} of "
           f"{st.requests_submitted}, KV blocks free {st.kv_blocks_free} + cached {st.kv_blocks_cached} of "
           f"{st.kv_blocks_total}, open calls {st.active_calls}")
@@ -578,6 +583,8 @@ def main():
                     help="the server's --max-queue (taken from --serve-args when there): RESOURCE_EXHAUSTED is\n"
                          "then expected, and n stays within it")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--expect-drafts", action="store_true", help="fail unless speculation verified drafts (a server "
+                    "with --speculative among its arguments)")
     ap.add_argument("--keep-log", action="store_true", help="keep the server's log even when every check passed")
     args = ap.parse_args()
     serve_args = shlex.split(args.serve_args)
