@@ -534,10 +534,13 @@ static struct http_slot *slot_of(struct MHD_Connection *c)
     return ci ? ci->socket_context : NULL;
 }
 
-/* The largest body of a route: an upload's (--fine-tuning-max-file-mb), or a request's. */
+/* The largest body of a route: an upload's (--fine-tuning-max-file-mb) where fine-tuning is on,
+ * else a request's (without it a fine-tuning route is answered 404 by its handler: the upload
+ * limit, 0 then, refused every body as too large, 413). */
 static size_t body_limit(const struct server *s, enum http_route r)
 {
-    return r == ROUTE_FINETUNE ? (size_t)s->opts.finetune_max_file_mb << 20 : (size_t)s->opts.max_receive_bytes;
+    return r == ROUTE_FINETUNE && s->finetune ? (size_t)s->opts.finetune_max_file_mb << 20
+                                              : (size_t)s->opts.max_receive_bytes;
 }
 
 /* Everything that is decided by the headers alone, before a byte of the body is read: the

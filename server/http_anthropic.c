@@ -316,15 +316,14 @@ enum status http_anthropic_parse(const char *body, size_t len, int count, const 
                                  struct http_request *q)
 {
     memset(q, 0, sizeof *q);
-    /* cJSON cuts strings at NUL: refused before parsing, as the chat endpoint refuses them (the
-     * body is NUL-terminated by http.c; an escaped backslash before "u0000" is refused too). */
-    if (memchr(body, 0, len) || strstr(body, "\\u0000"))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "the request body must not contain U+0000 (NUL)");
-    cJSON *o = cJSON_ParseWithLength(body, len);
-    if (!o) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid JSON");
+    /* The body read as every route reads it (http_json_parse_body: one JSON object and nothing
+     * after it, no NUL, no member twice): the chat body translate writes cannot carry what the
+     * client sent twice, so the duplicate must be refused here, before the first one is taken. */
+    cJSON *o = NULL;
+    enum status st = http_json_parse_body(body, len, &o);
+    if (st != STATUS_OK) return st;
     cJSON *c = NULL;
-    enum status st = cJSON_IsObject(o) ? translate(o, count, caps, &c)
-                                       : status_errorf(STATUS_INVALID_ARGUMENT, "the request body must be a JSON object");
+    st = translate(o, count, caps, &c);
     int n_user_stops = 0;
     const cJSON *stops = get(o, "stop_sequences");
     if (cJSON_IsArray(stops)) n_user_stops = cJSON_GetArraySize(stops);

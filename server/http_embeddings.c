@@ -31,7 +31,9 @@ static enum status parse_one(const cJSON *e, int index, int ids_ok, struct embed
     it->n_ids = n;
     int k = 0;
     for (const cJSON *t = e->child; t; t = t->next, k++) {
-        if (!cJSON_IsNumber(t) || t->valuedouble != (double)(int32_t)t->valuedouble)
+        /* (the range first: converting a double outside int32's range is undefined) */
+        if (!cJSON_IsNumber(t) || !(t->valuedouble >= INT32_MIN && t->valuedouble <= INT32_MAX) ||
+            t->valuedouble != (double)(int32_t)t->valuedouble)
             return status_errorf(STATUS_INVALID_ARGUMENT, "input[%d][%d] must be an integer token id", index, k);
         it->ids[k] = (int32_t)t->valuedouble;
     }

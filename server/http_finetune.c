@@ -481,8 +481,10 @@ static enum status upload(struct server *s, const char *owner, const char *ctype
     if (st != STATUS_OK) return st;
     const struct http_part *file = NULL, *purpose = NULL;
     for (int k = 0; k < n; k++) {
-        if (!strcmp(parts[k].name, "file")) file = &parts[k];
-        else if (!strcmp(parts[k].name, "purpose")) purpose = &parts[k];
+        const struct http_part **to = !strcmp(parts[k].name, "file") ? &file : !strcmp(parts[k].name, "purpose") ? &purpose : NULL;
+        if (to && *to) /* (which one a client meant is not ours to guess) */
+            return status_errorf(STATUS_INVALID_ARGUMENT, "the upload field '%s' appears twice", parts[k].name);
+        if (to) *to = &parts[k];
         else return status_errorf(STATUS_INVALID_ARGUMENT, "unsupported upload field '%s' (file and purpose are read)", parts[k].name);
     }
     if (!file || !purpose) return status_errorf(STATUS_INVALID_ARGUMENT, "an upload needs the fields file and purpose");
@@ -492,11 +494,15 @@ static enum status upload(struct server *s, const char *owner, const char *ctype
     if ((st = check_jsonl(file->data, file->len)) != STATUS_OK) return st;
     pthread_mutex_lock(&ft->mu);
     struct ft_file *f = NULL;
-    if (ft->n_files == FT_MAX_FILES) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "at most %d files are kept", FT_MAX_FILES);
-    else { /* the slot is taken now, hidden (deleted) until the bytes are stored */
-        f = &ft->files[ft->n_files++];
+    /* A deleted file's slot first (they are not kept across restarts either: ft_store_save), so
+     * that uploads and deletions can go on for the server's life, not 256 of them in all. */
+    for (int k = 0; k < ft->n_files && !f; k++)
+        if (ft->files[k].deleted == 1) f = &ft->files[k];
+    if (!f && ft->n_files < FT_MAX_FILES) f = &ft->files[ft->n_files++];
+    if (!f) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "at most %d files are kept", FT_MAX_FILES);
+    else { /* the slot is taken now, hidden until the bytes are stored */
         memset(f, 0, sizeof *f);
-        f->deleted = 1;
+        f->deleted = 2;
         new_id(ft, "file-", f->id, sizeof f->id);
         snprintf(f->owner, sizeof f->owner, "%s", owner);
     }
@@ -509,8 +515,12 @@ static enum status upload(struct server *s, const char *owner, const char *ctype
     int ok = w && fwrite(file->data, 1, file->len, w) == file->len;
     ok = w && fclose(w) == 0 && ok && rename(tmp, path) == 0;
     if (!ok) {
+        const int err = errno;
         unlink(tmp);
-        return status_errorf(STATUS_INTERNAL, "cannot store the upload under %s: %s", s->opts.finetune_dir, strerror(errno));
+        pthread_mutex_lock(&ft->mu);
+        f->deleted = 1; /* the slot free again */
+        pthread_mutex_unlock(&ft->mu);
+        return status_errorf(STATUS_INTERNAL, "cannot store the upload under %s: %s", s->opts.finetune_dir, strerror(err));
     }
     pthread_mutex_lock(&ft->mu);
     snprintf(f->filename, sizeof f->filename, "%s", file->filename[0] ? file->filename : "upload.jsonl");

@@ -27,7 +27,7 @@ struct ft_file {
     char    owner[JOURNAL_OWNER_MAX + 1]; /* auth_owner of the key that uploaded it ("" without keys) */
     size_t  bytes;
     int64_t created_at;
-    int     deleted;
+    int     deleted;          /* 1: deleted (its slot free for another upload); 2: being stored */
 };
 
 struct ft_event {

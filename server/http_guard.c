@@ -35,6 +35,7 @@
 #include "http_internal.h"
 
 #define GUARD_TICK_MS 100 /* how often the watchdog looks at the deadlines */
+#define HTTP_GUARD_REFUSED_PER_ADDR 8 /* refused connections one address keeps waiting for their 503 */
 
 struct http_slot {
     struct http_slot *prev, *next;
@@ -156,11 +157,19 @@ struct http_slot *http_guard_open(struct http_guard *g, int fd, const struct soc
     s->phase = HTTP_PHASE_HEADERS;
     s->t_phase = base_now_s();
     pthread_mutex_lock(&g->mu);
-    int same = 0;
-    for (struct http_slot *o = g->head; o; o = o->next) same += !o->refused && !strcmp(o->addr, s->addr);
+    int same = 0, same_refused = 0;
+    for (struct http_slot *o = g->head; o; o = o->next)
+        if (!strcmp(o->addr, s->addr)) same += !o->refused, same_refused += o->refused != NULL;
     if (g->n_admitted >= g->max_conn) s->refused = "the server has as many HTTP connections as it takes (--http-max-connections)";
-    else if (g->max_per_addr > 0 && same >= g->max_per_addr)
+    else if (g->max_per_addr > 0 && same >= g->max_per_addr) {
         s->refused = "this address has as many HTTP connections open as one address may (--http-max-connections-per-address)";
+        /* A refused connection is answered 503 once its headers come (or cut at their deadline):
+         * until then it holds one of libmicrohttpd's connections, whose limit counts refused ones
+         * too. An address past its cap keeps HTTP_GUARD_REFUSED_PER_ADDR of those; the rest are
+         * shut at once, unanswered, so that one address's idle sockets cannot fill the daemon
+         * and lock every other client out. */
+        if (same_refused >= HTTP_GUARD_REFUSED_PER_ADDR && s->fd >= 0) shutdown(s->fd, SHUT_RDWR);
+    }
     if (s->refused) g->n_refused++;
     else g->n_admitted++;
     s->next = g->head;

@@ -486,6 +486,9 @@ void        http_responses_finish(struct http_gen *g);
  * for owner ("" without API keys): *json malloc'd on STATUS_OK. */
 enum status http_responses_item(struct server *s, const char *owner, const char *method, const char *url,
                                 char **json);
+
+#define HTTP_MAX_MESSAGES 4096 /* a chat's messages, a response's input items (with its previous ones) */
+
 /* A request's query parameters as libmicrohttpd gives them (borrowed while it is handled); more:
  * there were more than HTTP_MAX_QUERY. */
 #define HTTP_MAX_QUERY 8

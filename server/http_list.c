@@ -11,10 +11,12 @@
 #include "base.h"
 #include "http_internal.h"
 
-/* 1 when name is one of the comma-separated names in list. */
+/* 1 when name is one of the comma-separated names in list (never the empty name: `?=1` has one,
+ * and strstr finds "" at every position: the loop did not advance). */
 static int named(const char *list, const char *name)
 {
     const size_t n = strlen(name);
+    if (n == 0) return 0;
     for (const char *p = list; (p = strstr(p, name)); p += n)
         if ((p == list || p[-1] == ',') && (p[n] == 0 || p[n] == ','))
             return 1;

@@ -322,7 +322,8 @@ static enum status parse_messages(const cJSON *o, const struct http_chat_caps *c
     if (!cJSON_IsArray(m)) return type_error("messages", "a list of messages");
     int n = cJSON_GetArraySize(m);
     if (n == 0) return status_errorf(STATUS_INVALID_ARGUMENT, "'messages' must not be empty");
-    if (n > 4096) return status_errorf(STATUS_INVALID_ARGUMENT, "'messages': at most 4096 messages, got %d", n);
+    if (n > HTTP_MAX_MESSAGES)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'messages': at most %d messages, got %d", HTTP_MAX_MESSAGES, n);
     r->messages = calloc((size_t)n, sizeof *r->messages);
     if (!r->messages) return oom();
     size_t total = 0;
@@ -398,6 +399,18 @@ static enum status parse_constraint(const cJSON *o, struct gen_request *r)
         const cJSON *t = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
         if (!cJSON_IsString(t))
             return type_error("response_format", "an object with a 'type' (text, json_object or json_schema)");
+        /* Members that would be ignored are refused by name (json_schema's name, description and
+         * strict are OpenAI's: a name, words, and what the grammar always is: strict). */
+        static const char *const rf_fields[] = {"type", "json_schema", NULL};
+        static const char *const js_fields[] = {"name", "description", "schema", "strict", NULL};
+        const cJSON *js_given = field(rf, "json_schema");
+        if ((st = http_json_only_fields(rf, "response_format", rf_fields)) != STATUS_OK) return st;
+        if (js_given && strcmp(t->valuestring, "json_schema"))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'response_format.json_schema' is only read with type "
+                                 "json_schema, not %.32s", t->valuestring);
+        if (cJSON_IsObject(js_given) &&
+            (st = http_json_only_fields(js_given, "response_format.json_schema", js_fields)) != STATUS_OK)
+            return st;
         if (!strcmp(t->valuestring, "json_object")) st = set_constraint(r, CONSTRAINT_JSON_OBJECT, rf, "response_format");
         else if (!strcmp(t->valuestring, "json_schema")) {
             const cJSON *js = field(rf, "json_schema"), *schema = js && cJSON_IsObject(js) ? field(js, "schema") : NULL;
@@ -638,6 +651,8 @@ static enum status parse_shape(const cJSON *o, struct http_request *q)
     /* include_obfuscation (OpenAI: random padding in stream events) asks for nothing here. */
     static const char *const so_fields[] = {"include_usage", "include_obfuscation", NULL};
     if (st == STATUS_OK && so) st = http_json_only_fields(so, "stream_options", so_fields);
+    if (st == STATUS_OK && so && !q->stream) /* (OpenAI's answer too: it would be ignored) */
+        st = status_errorf(STATUS_INVALID_ARGUMENT, "'stream_options' is only allowed when 'stream' is true");
     if (st == STATUS_OK && so) st = get_bool(so, "include_usage", &q->include_usage);
     return st;
 }

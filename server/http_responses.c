@@ -671,6 +671,13 @@ static enum status translate(struct server *s, const cJSON *o, const char *owner
     } else {
         return bad("'input' must be a string or a non-empty list of input items%s", "");
     }
+    /* As many items as a chat's messages (http_openai.c), before any of them is read: a function
+     * call item looks for the message before it (a walk of the list), which over a 4 MB body of
+     * tens of thousands of items was seconds of a core per request. */
+    const int n_items = cJSON_GetArraySize(r->items);
+    if (n_items > HTTP_MAX_MESSAGES)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'input': at most %d items with those of previous_response_id, "
+                             "got %d", HTTP_MAX_MESSAGES, n_items);
     int i = 0;
     for (const cJSON *it = r->items->child; it; it = it->next, i++) {
         char where[48];
@@ -697,7 +704,10 @@ static enum status parse(struct server *s, const char *model_id, const char *bod
     enum status st = http_json_parse_body(body, len, &o);
     if (st != STATUS_OK) return st;
     struct http_responses *r = calloc(1, sizeof *r);
-    if (!r) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    if (!r) {
+        cJSON_Delete(o);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    }
     unsigned char rnd[12];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
         cJSON_Delete(o);

@@ -411,7 +411,7 @@ enum status http_responses_input_items(struct server *s, const char *owner, cons
     CHECK(items, "a stored response's items did not parse");
     /* The listing newest first: the stored items reversed, each as the list shows it. */
     cJSON *listed = http_json_ok(cJSON_CreateArray());
-    for (int k = cJSON_GetArraySize(items) - 1; k >= 0; k--) cJSON_AddItemToArray(listed, listed_item(cJSON_GetArrayItem(items, k)));
+    for (const cJSON *it = items->child; it; it = it->next) cJSON_InsertItemInArray(listed, 0, listed_item(it));
     cJSON_Delete(items);
     char what[128];
     snprintf(what, sizeof what, "the response '%.64s'", buf);

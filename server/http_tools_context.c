@@ -195,12 +195,17 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
     } else {
         static const char *const roles[] = {"system", "user", "assistant"};
         const cJSON *ms = cJSON_GetObjectItemCaseSensitive(o, "messages"), *src = ms ? ms->child : NULL;
-        for (int i = 0; i < r->n_messages; i++, src = src ? src->next : NULL) {
+        /* http_tools_parse may have opened the chat with a system message of its own (the tools'
+         * text): no message of the body, no name; the body's names go to the messages after it. */
+        const int n_body = ms ? cJSON_GetArraySize(ms) : 0, added = r->n_messages > n_body ? r->n_messages - n_body : 0;
+        for (int i = 0; i < r->n_messages; i++) {
+            const cJSON *from = i < added ? NULL : src;
+            if (from) src = src->next;
             cJSON *m = cJSON_CreateObject();
             int k = (int)r->messages[i].role;
             cJSON_AddStringToObject(m, "role", k >= 0 && k < 3 ? roles[k] : "user");
             cJSON_AddStringToObject(m, "content", r->messages[i].content);
-            const cJSON *name = src ? cJSON_GetObjectItemCaseSensitive(src, "name") : NULL;
+            const cJSON *name = from ? cJSON_GetObjectItemCaseSensitive(from, "name") : NULL;
             if (cJSON_IsString(name)) cJSON_AddStringToObject(m, "name", name->valuestring);
             cJSON_AddItemToArray(msgs, m);
         }

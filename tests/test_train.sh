@@ -391,7 +391,9 @@ if command -v mpirun > /dev/null; then
     tr '\0' '\n' < "/proc/$c/environ" 2> /dev/null | grep -q '^OMPI_COMM_WORLD_RANK=1$' && r1=$c
   done
   [ -n "$r1" ] && kill -TERM "$r1"
-  ( sleep 60; kill -9 "$mpi" 2> /dev/null ) &
+  # (the guard's output to /dev/null: its sleep, left behind when the guard is killed, would hold
+  # ctest's pipe open, and the test with it, for the rest of the 60 s)
+  ( sleep 60; kill -9 "$mpi" 2> /dev/null ) > /dev/null 2>&1 &
   guard=$!
   wait "$mpi"
   kill "$guard" 2> /dev/null

@@ -21,6 +21,8 @@ import json
 import os
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 SKIP = 77
@@ -183,6 +185,28 @@ def errors(srv, mid):
     expect_400(lambda: an.messages.create(model=mid, max_tokens=4, messages=ASK,
                                           thinking={"type": "enabled", "budget_tokens": 1024}),
                "thinking", "thinking without reasoning")
+    # The body as bytes, read as every route reads it: a member twice (Python and JavaScript take
+    # the last, cJSON the first) and bytes after the object refused by name; the text "\\u0000"
+    # (an escaped backslash, not a NUL) accepted.
+    def raw(body):
+        req = urllib.request.Request(srv.base + "/v1/messages", data=body.encode(), method="POST", headers={
+            "x-api-key": KEY, "content-type": "application/json", "anthropic-version": "2023-06-01"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as f:
+                return f.status, json.loads(f.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+    ask = json.dumps(ASK)
+    for body, needle, label in [
+            (f'{{"model": "{mid}", "max_tokens": 2, "max_tokens": 100000, "messages": {ask}}}', "'max_tokens' appears twice",
+             "max_tokens twice"),
+            (f'{{"model": "{mid}", "max_tokens": 2, "messages": {ask}}}garbage', "bytes after its JSON value",
+             "bytes after the object")]:
+        st, b = raw(body)
+        msg = b.get("error", {}).get("message", "")
+        check(st == 400 and needle in msg, f"raw body, {label}: {st} naming {needle!r} ({msg})")
+    st, b = raw(json.dumps({"model": mid, "max_tokens": 2, "messages": [{"role": "user", "content": "say \\u0000"}]}))
+    check(st == 200 and b.get("type") == "message", f"the text \\u0000 (no NUL) is accepted ({st})")
     try:
         an.messages.create(model="nope", max_tokens=4, messages=ASK)
         check(False, "unknown model accepted")

@@ -128,6 +128,16 @@ def body(work, env):
         check(oa.files.delete(spare.id).deleted, "files.delete")
         code, msg = status_of(lambda: oa.files.retrieve(spare.id))
         check(code == 404, f"a deleted file is gone: {code} {msg}")
+        # A deleted file's slot serves the next upload: 300 uploads and deletions (more than the
+        # 256 files kept at once), then one more upload.
+        cycled = 0
+        for _ in range(300):
+            x = oa.files.create(file=("cycle.jsonl", b'{"text": "x"}\n'), purpose="fine-tune")
+            cycled += oa.files.delete(x.id).deleted
+        last = oa.files.create(file=("last.jsonl", b'{"text": "x"}\n'), purpose="fine-tune")
+        check(cycled == 300 and {y.id for y in oa.files.list().data} == {f.id, last.id},
+              f"300 uploads and deletions, then one more: {cycled} deleted, the files listed are the two kept")
+        oa.files.delete(last.id)
 
         # A job, against `shardlm train` with the same settings.
         j = oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id, hyperparameters=HYPER, suffix="lily",
@@ -209,6 +219,18 @@ def body(work, env):
         for k, (fn, want, word) in enumerate(bad):
             code, msg = status_of(fn)
             check(code == want and word in msg, f"bad input {k}: want {want} naming '{word}', got {code} {msg}")
+        # Two file parts in one upload: refused by name (the last one no longer silently wins).
+        parts = b"".join(b'--XyZ\r\nContent-Disposition: form-data; name="file"; filename="%s.jsonl"\r\n'
+                         b'Content-Type: application/jsonl\r\n\r\n{"text": "x"}\n\r\n' % n for n in (b"a", b"b"))
+        parts += b'--XyZ\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nfine-tune\r\n--XyZ--\r\n'
+        req = urllib.request.Request(srv.base + "/v1/files", data=parts,
+                                     headers={"Content-Type": "multipart/form-data; boundary=XyZ"})
+        try:
+            urllib.request.urlopen(req, timeout=30)
+            code, msg = 200, ""
+        except urllib.error.HTTPError as e:
+            code, msg = e.code, e.read().decode()
+        check(code == 400 and "'file' appears twice" in msg, f"two file parts: {code} {msg[:120]}")
         odd = oa.files.create(file=("odd.jsonl", b'{"question": "what?"}\n' * 4), purpose="fine-tune")
         failed = oa.fine_tuning.jobs.create(model="stories260K", training_file=odd.id)
         failed = wait_job(oa, failed.id, ("failed", "succeeded", "cancelled"))
@@ -242,13 +264,16 @@ def body(work, env):
     with TS.Server(env.shardlm, model, "--lora", f"lily={work / 'ft' / 'jobs' / j.id / 'adapter'}", http=True, name="lora") as srv:
         oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=60)
         check(greedy(oa, "lily") == served, "--lora with the job's adapter answers as fine_tuned_model did")
-        req = urllib.request.Request(srv.base + "/v1/fine_tuning/jobs")
-        try:
-            urllib.request.urlopen(req, timeout=30)
-            code = 200
-        except urllib.error.HTTPError as e:
-            code = e.code
-        check(code == 404, f"without --fine-tuning the routes are 404: {code}")
+        codes = []
+        for payload in (None, b'{"model": "stories260K", "training_file": "file-0"}'):  # a GET, a POST with a body
+            req = urllib.request.Request(srv.base + "/v1/fine_tuning/jobs", data=payload,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=30)
+                codes.append(200)
+            except urllib.error.HTTPError as e:
+                codes.append(e.code)
+        check(codes == [404, 404], f"without --fine-tuning the routes are 404, with a body too (not 413): {codes}")
 
     # With API keys, files and jobs are the key's: another key neither sees nor touches them, and
     # a restart whose key file lists the keys in another order keeps them the owner's.

@@ -303,6 +303,14 @@ def group_errors(env):
               "guided_decoding_backend": "xgrammar", "stream_options": None}, None),
             ({"prompt": "hi", "response_format": {"type": "xml"}}, "'response_format.type' must be"),
             ({"prompt": "hi", "response_format": {"type": "json_schema"}}, "'response_format.json_schema' must be"),
+            ({"prompt": "hi", "response_format": {"type": "json_object", "schema": {}}},
+             "response_format.schema: unknown field"),
+            ({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strictly": True}}},
+             "response_format.json_schema.strictly: unknown field"),
+            ({"prompt": "hi", "response_format": {"type": "text", "json_schema": {"schema": {}}}},
+             "'response_format.json_schema' is only read with type json_schema"),
+            ({"prompt": "hi", "stream_options": {"include_usage": True}},
+             "'stream_options' is only allowed when 'stream' is true"),
             ({"prompt": "hi", "guided_regex": "a", "guided_choice": ["a"]}, "exclusive"),
             ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "for /v1/chat/completions"),
             ({"prompt": "hi", "tool_choice": "auto"}, "for /v1/chat/completions"),
@@ -967,6 +975,19 @@ def group_hardening(env):
                 break
             time.sleep(0.1)
         check(code == 200 and ans["usage"]["completion_tokens"] == 3, f"served after the slow clients: {code} {ans}")
+    # (4b) One address's idle sockets cannot fill the daemon (libmicrohttpd's limit, 8 + 16 here,
+    # counts refused connections too): 40 from 127.0.0.1 that never send a byte (4 admitted, 8
+    # kept for their 503, the rest shut at once), and another address is still served.
+    with Server(env.shardlm, env.model, "--http-max-connections", "8", "--http-max-connections-per-address", "4",
+                name="one-address") as srv:
+        idle = [connect(srv) for _ in range(40)]
+        time.sleep(0.5)
+        with connect(srv, "127.0.0.5") as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            out = read_answer(s, 5)
+        check(out.startswith(b"HTTP/1.1 200"), f"another address served beside 40 idle sockets of one: {out[:60]!r}")
+        for s in idle:
+            s.close()
 
 
 GROUPS = {"openai": group_openai, "errors": group_errors, "disconnect": group_disconnect, "sse": group_sse,

@@ -178,6 +178,26 @@ def main():
             r = oa.chat.completions.create(model=model.name, messages=conv, max_tokens=1, temperature=0)
             check(r.usage.prompt_tokens == len(want), f"messages' names written by the template: {r.usage.prompt_tokens} "
                   f"prompt tokens, jinja2 + sentencepiece {len(want)}")
+        # With tools and no system message, the server opens the chat with one of its own (the
+        # tools' text): the names stay on the body's messages (a system message named: the
+        # template raises). The tools' text passes this model's 256-token context, so the answer
+        # is that 400 once the template has rendered, or an answer; never the template's error.
+        strict = work / "named_strict.jinja"
+        strict.write_text("{% for m in messages %}{% if m.role == 'system' and m.name %}{{ raise_exception('a named "
+                          "system message') }}{% endif %}{{ m.role }}{% if m.name %} ({{ m.name }}){% endif %}: "
+                          "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+        tool = {"type": "function", "function": {"name": "get_time", "description": "The time",
+                                                 "parameters": {"type": "object", "properties": {}}}}
+        with TS.Server(a.shardlm, model, "--chat-template", str(strict), name="sp-named-tools", http=True) as srv:
+            oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
+            try:
+                oa.chat.completions.create(model=model.name, messages=conv[1:2], tools=[tool], max_tokens=1,
+                                           temperature=0)
+                said = "answered"
+            except openai.BadRequestError as e:
+                said = str(e)
+            check(said == "answered" or "exceeds the model's context" in said,
+                  f"with tools, a user's name stays on the user's message: {said[:160]}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
         TS.kill_all()
