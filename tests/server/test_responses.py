@@ -297,6 +297,8 @@ def errors(srv, oa, mid):
     expect(lambda: oa.responses.create(model=mid, input="hi", previous_response_id="resp_nope"), openai.NotFoundError,
            "resp_nope", "unknown previous_response_id")
     expect(lambda: oa.responses.retrieve("resp_nope"), openai.NotFoundError, "resp_nope", "unknown id")
+    expect(lambda: oa.responses.create(model=mid, input=[{"role": "user", "content": "x"}] * 4097, max_output_tokens=2),
+           openai.BadRequestError, "at most 4096 items", "4097 input items")
     expect(lambda: oa.responses.cancel("resp_nope"), openai.NotFoundError, "resp_nope", "cancel unknown id")
     expect(lambda: oa.responses.create(model=mid, input="hi", extra_body={"frobnicate": 1}), openai.BadRequestError,
            "frobnicate", "unknown field")
