@@ -564,6 +564,9 @@ static enum status create_job(struct server *s, const char *owner, const char *b
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "supervised"))
             st = status_errorf(STATUS_INVALID_ARGUMENT, "method.type must be \"supervised\" (dpo and reinforcement are not supported)");
         const cJSON *sup = cJSON_GetObjectItemCaseSensitive(method, "supervised");
+        static const char *const method_fields[] = {"type", "supervised", NULL}, *const sup_fields[] = {"hyperparameters", NULL};
+        if (st == STATUS_OK) st = http_json_only_fields(method, "method", method_fields);
+        if (st == STATUS_OK && cJSON_IsObject(sup)) st = http_json_only_fields(sup, "method.supervised", sup_fields);
         if (st == STATUS_OK && sup && h)
             st = status_errorf(STATUS_INVALID_ARGUMENT, "give hyperparameters or method.supervised.hyperparameters, not both");
         if (sup) h = cJSON_GetObjectItemCaseSensitive(sup, "hyperparameters");

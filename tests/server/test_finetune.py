@@ -213,6 +213,10 @@ def body(work, env):
                                                 hyperparameters={"n_epochs": 0}), 400, "n_epochs"),
             (lambda: oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id,
                                                 method={"type": "dpo"}), 400, "dpo"),
+            (lambda: oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id,
+                                                method={"type": "supervised", "dpo": {}}), 400, "method.dpo"),
+            (lambda: oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id, method={
+                "type": "supervised", "supervised": {"hyperparameters": {}, "beta": 1}}), 400, "method.supervised.beta"),
             (lambda: oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id, suffix="a:b"), 400, "suffix"),
             (lambda: oa.fine_tuning.jobs.retrieve("ftjob-0"), 404, "ftjob-0"),
         ]
