@@ -167,8 +167,12 @@ static enum status convert_sampling(const Shardlm__V1__SamplingParams *s, struct
     if (sst != STATUS_OK) return sst;
     p->speculative_n_max = s->speculative_n_max;
     p->speculative_p_min = -1.0f;
-    if (s->_speculative_p_min_case == SHARDLM__V1__SAMPLING_PARAMS___SPECULATIVE_P_MIN_SPECULATIVE_P_MIN)
+    if (s->_speculative_p_min_case == SHARDLM__V1__SAMPLING_PARAMS___SPECULATIVE_P_MIN_SPECULATIVE_P_MIN) {
+        if (!(s->speculative_p_min >= 0.0f)) /* (-1 is the engine's "not given": never a client's value) */
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.speculative_p_min must be in [0, 1], got %g",
+                                 (double)s->speculative_p_min);
         p->speculative_p_min = s->speculative_p_min;
+    }
     if (s->n_logit_bias) {
         r->bias_ids = malloc(s->n_logit_bias * sizeof *r->bias_ids);
         r->bias_values = malloc(s->n_logit_bias * sizeof *r->bias_values);

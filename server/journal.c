@@ -225,14 +225,27 @@ static enum status append(struct journal *j, struct wbuf *b, int sync)
         struct frame f = {.len = (uint32_t)n, .check = n ? check_of(b->p + sizeof f, n) : 0};
         memcpy(b->p, &f, sizeof f);
         size_t off = 0;
+        int err = 0;
         while (off < b->n) {
             ssize_t k = write(j->fd, b->p + off, b->n - off);
             if (k < 0 && errno == EINTR) continue;
-            if (k <= 0) break;
+            if (k <= 0) {
+                err = k < 0 ? errno : EIO;
+                break;
+            }
             off += (size_t)k;
         }
-        if (off < b->n) st = status_errorf(STATUS_IO, "%s: %s", j->path, strerror(errno));
-        else if (sync && fdatasync(j->fd) != 0) st = status_errorf(STATUS_IO, "%s: fsync: %s", j->path, strerror(errno));
+        if (off < b->n) {
+            /* A short write (the disk full) leaves part of a record: cut back to the last whole
+             * one, or every record appended after it would follow a damaged one, and the next
+             * start would refuse the journal or drop them. */
+            st = status_errorf(STATUS_IO, "%s: %s", j->path, strerror(err));
+            if (off > 0 && ftruncate(j->fd, j->size) != 0)
+                LOG_ERROR(MODULE, "%s: a partial record could not be cut off (%s): the journal is damaged from "
+                          "byte %lld", j->path, strerror(errno), (long long)j->size);
+            else off = 0;
+        } else if (sync && fdatasync(j->fd) != 0)
+            st = status_errorf(STATUS_IO, "%s: fsync: %s", j->path, strerror(errno));
         j->size += (off_t)off;
     }
     free(b->p);

@@ -110,11 +110,15 @@ static enum status load_adapter(struct call *c, const uint8_t *data, size_t len)
     return st;
 }
 
-static enum status unload_adapter(const struct served_model *m, const uint8_t *data, size_t len, uint8_t **out,
-                                  size_t *out_len)
+static enum status unload_adapter(const struct call *c, const struct served_model *m, const uint8_t *data, size_t len,
+                                  uint8_t **out, size_t *out_len)
 {
     char *name;
     enum status st = convert_unload_adapter_request(data, len, &name);
+    /* Another key's fine-tune is, to this key, an adapter that is not loaded (engine_unload_adapter's
+     * answer, word for word): it may neither see nor unload it. */
+    if (st == STATUS_OK && http_finetune_hidden(c->s, name, c->owner))
+        st = status_errorf(STATUS_NOT_FOUND, "no adapter named '%.100s' is loaded", name);
     /* Requests that name no adapter run with the default: it stays as long as the server. */
     if (st == STATUS_OK && m->default_adapter && !strcmp(name, m->default_adapter))
         st = status_errorf(STATUS_FAILED_PRECONDITION,
@@ -213,7 +217,7 @@ void methods_handle(struct call *c, const uint8_t *data, size_t len)
     case METHOD_LOAD_ADAPTER:
         if ((st = load_adapter(c, data, len)) == STATUS_OK) return; /* answered by loader.c */
         break;
-    case METHOD_UNLOAD_ADAPTER: st = unload_adapter(c->m, data, len, &out, &out_len); break;
+    case METHOD_UNLOAD_ADAPTER: st = unload_adapter(c, c->m, data, len, &out, &out_len); break;
     case METHOD_REFLECTION: handle_reflection(c, data, len); return;
     case METHOD_EMBED: embed_rpc_start(c, data, len); return; /* embed.c */
     default: st = status_errorf(STATUS_INTERNAL, "no handler for %s", call_method_name(c->method));

@@ -5,11 +5,16 @@
  *    open with only its own events; it used to make the whole journal unreadable (the server
  *    would not start);
  *  - an ended request is not offered again, an open one is, with its events in order;
- *  - a record cut short at the end (a killed write) is dropped, the rest loads.
+ *  - a record cut short at the end (a killed write) is dropped, the rest loads;
+ *  - a write cut short in the middle (the disk full: here RLIMIT_FSIZE) is cut off again, so
+ *    that the records appended after it load (before, the next start refused the journal).
  * Usage: test_journal_file (makes its own directory under $TMPDIR). */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base.h"
@@ -96,6 +101,49 @@ int main(void)
     for (int i = 0; i < n; i++) journal_entry_free(&pending[i]);
     free(pending);
     journal_close(j);
+
+    /* A write cut short in the middle: the file may grow by 10 bytes only while a 1,000-byte
+     * ACCEPT is written (the write fails with EFBIG, SIGXFSZ ignored), then by anything again. */
+    char dir2[] = "/tmp/shardlm-journal-XXXXXX";
+    if (!mkdtemp(dir2)) return 1;
+    if (journal_open(dir2, JOURNAL_FSYNC_NEVER, NULL, NULL, &j, &pending, &n) != STATUS_OK) return 1;
+    free(pending);
+    accept_one(j, "before", "{}");
+    char path2[sizeof dir2 + 16];
+    snprintf(path2, sizeof path2, "%s/journal", dir2);
+    struct stat sb;
+    struct rlimit old_limit, small;
+    char big[1001];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    if (stat(path2, &sb) != 0 || getrlimit(RLIMIT_FSIZE, &old_limit) != 0) return 1;
+    signal(SIGXFSZ, SIG_IGN);
+    small = old_limit;
+    small.rlim_cur = (rlim_t)sb.st_size + 10;
+    struct journal_entry e = {.front = 1, .created = 1, .seed = 7, .body = big, .body_len = strlen(big)};
+    snprintf(e.key, sizeof e.key, "torn");
+    st = setrlimit(RLIMIT_FSIZE, &small) == 0 ? journal_accept(j, &e) : STATUS_INTERNAL;
+    setrlimit(RLIMIT_FSIZE, &old_limit);
+    EXPECT(st == STATUS_IO, "an ACCEPT the disk could not take fails (%s)", st == STATUS_IO ? "io" : status_message());
+    struct stat after;
+    EXPECT(stat(path2, &after) == 0 && after.st_size == sb.st_size, "and its 10 written bytes are cut off (%lld -> %lld)",
+           (long long)sb.st_size, (long long)after.st_size);
+    accept_one(j, "after", "{\"a\":1}");
+    event_one(j, "after", 4, "q");
+    journal_close(j);
+    st = journal_open(dir2, JOURNAL_FSYNC_NEVER, NULL, NULL, &j, &pending, &n);
+    EXPECT(st == STATUS_OK && n == 2 && find(pending, n, "before") && find(pending, n, "after") &&
+               find(pending, n, "after")->n_events == 1 && !find(pending, n, "torn"),
+           "the journal opens with the requests before and after the failed write (%s, %d open)",
+           st == STATUS_OK ? "ok" : status_message(), st == STATUS_OK ? n : -1);
+    if (st == STATUS_OK) {
+        for (int i = 0; i < n; i++) journal_entry_free(&pending[i]);
+        free(pending);
+        journal_close(j);
+    }
+    char cmd2[sizeof dir2 + 16];
+    snprintf(cmd2, sizeof cmd2, "rm -rf %s", dir2);
+    if (system(cmd2) != 0) printf("(could not remove %s)\n", dir2);
     char cmd[sizeof dir + 16];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) printf("(could not remove %s)\n", dir);

@@ -241,6 +241,16 @@ static void test_limits(void)
             check_status(sampling_params_validate(&q.sampling), STATUS_INVALID_ARGUMENT, bad[i].what, bad[i].needle,
                          NULL);
     }
+    /* A logit_bias key twice (a raw protobuf map can carry it): each entry is added, so two of 100
+     * would be 200, past the bound on one. */
+    struct request_params twice = request_params_default();
+    int32_t bias_ids[2] = {5, 5};
+    float bias_values[2] = {100.0f, 100.0f};
+    twice.logit_bias_ids = bias_ids;
+    twice.logit_bias_values = bias_values;
+    twice.n_logit_bias = 2;
+    check_status(request_validate(prompt, 3, &twice, &b), STATUS_INVALID_ARGUMENT, "logit_bias token 5 twice",
+                 "sampling.logit_bias: token 5 appears twice", NULL);
     struct request_params nan = request_params_default();
     nan.sampling.min_p = 0.0f / 0.0f;
     check_status(request_validate(prompt, 3, &nan, &b), STATUS_INVALID_ARGUMENT, "NaN min_p", "sampling.min_p", NULL);

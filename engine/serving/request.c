@@ -190,6 +190,12 @@ static enum status check_arrays(const struct request_params *p, int V)
             return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logit_bias[%d] must be in [-%d, %d], got %g",
                                  p->logit_bias_ids[i], REQUEST_MAX_LOGIT_BIAS_ABS, REQUEST_MAX_LOGIT_BIAS_ABS,
                                  (double)p->logit_bias_values[i]);
+        /* (each entry is added to its logit: a key twice, which a raw protobuf map can carry,
+         * would pass the bound on one entry's value) */
+        for (int j = 0; j < i; j++)
+            if (p->logit_bias_ids[j] == p->logit_bias_ids[i])
+                return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logit_bias: token %d appears twice",
+                                     p->logit_bias_ids[i]);
     }
     return STATUS_OK;
 }

@@ -324,6 +324,17 @@ def body(work, env):
                   f"adapter (nothing counts the hidden one): {hidden} / {unknown}")
             check(ft_model in ga.model_info().adapters and ft_model not in gb.model_info().adapters,
                   "gRPC GetModelInfo lists it to its owner's key only")
+
+            def unload_code(c, adapter):
+                try:
+                    c.unload_adapter(adapter)
+                    return "OK", ""
+                except grpc.RpcError as e:
+                    return e.code().name, e.details().replace(adapter, "NAME")
+            hidden, unknown = unload_code(gb, ft_model), unload_code(gb, "no-such")
+            check(hidden[0] == "NOT_FOUND" and hidden == unknown and grpc_code(ga, ft_model)[0] == "OK",
+                  f"gRPC UnloadAdapter: another key's is NOT_FOUND word for word as for no such adapter, and the "
+                  f"owner's key still runs it: {hidden} / {unknown}")
     # The owners on disk are salted; then the index is rewritten as a version before owner.salt
     # wrote it (the legacy owner of key-alpha), which the restart must upgrade, not lose.
     ft_dir, journal = work / "ft-keys", work / "ft-keys-journal"

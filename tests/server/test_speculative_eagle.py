@@ -307,12 +307,13 @@ def p_min(a, np, ref, eagle, every, base, trace, tmp):
             n_server = len(parse_trace(path))
             lifted = greedy(srv, 1, speculative_p_min=0.0)
             with srv.client(timeout=60) as c:
-                try:
-                    c.generate(PROMPTS[0], max_tokens=4, speculative_p_min=1.5)
-                    check(False, "speculative_p_min 1.5 refused")
-                except grpc.RpcError as e:
-                    check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "speculative_p_min" in e.details(),
-                          f"speculative_p_min 1.5 refused naming the field: {e.code().name} {e.details()}")
+                for bad in (1.5, -1.0):  # (-1: the engine's "not given", never a client's value)
+                    try:
+                        c.generate(PROMPTS[0], max_tokens=4, speculative_p_min=bad)
+                        check(False, f"speculative_p_min {bad} refused")
+                    except grpc.RpcError as e:
+                        check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "speculative_p_min" in e.details(),
+                              f"speculative_p_min {bad} refused naming the field: {e.code().name} {e.details()}")
     finally:
         TS.kill_all()
     same = sum(u == v for u, v in zip(base[0], answers)) + sum(u == v for u, v in zip(base[0], lifted))
