@@ -714,7 +714,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     if (st == STATUS_OK) {
         if (r.request_id[0]) {
             if (gen_find_call(s, r.request_id))
-                st = status_errorf(STATUS_INVALID_ARGUMENT, "request_id '%s' is already in use by a running request",
+                st = status_errorf(STATUS_ALREADY_EXISTS, "request_id '%s' is already in use by a running request",
                                    r.request_id);
             else
                 c->request_id = strdup(r.request_id);

@@ -393,6 +393,9 @@ def group_cancel(env):
         s2 = c.generate_stream("Once upon a time", request_id="cancel-me", **LONG)
         it2 = iter(s2)
         next(it2)
+        # Its id while it runs: another request naming it is ALREADY_EXISTS (as with --journal).
+        expect_error(lambda: c.generate("hi", request_id="cancel-me", max_tokens=2), grpc.StatusCode.ALREADY_EXISTS,
+                     "request_id 'cancel-me' is already in use")
         with srv.client() as other:
             check(other.cancel("cancel-me") is True, "Cancel found the request")
         e = expect_error(lambda: [None for _ in it2], grpc.StatusCode.CANCELLED, "cancelled by Cancel")
