@@ -16,8 +16,9 @@
 # better at everyday questions, worse at answering from a passage (docs/models.md, "The default
 # chat model by measurement").
 # Prompt lookup speculation is on (`--speculative ngram --spec-draft 4`: the same tokens, greedy
-# identical and sampled from the same distribution, about 1.3x the decode speed of one chat at a
-# time on the default chat model, no drafts once more than 4 sequences run; docs/speculative.md);
+# identical and sampled from the same distribution, 1.25-1.30x the decode speed of one chat at a
+# time on the default chat model on a 2-core Intel Xeon with AMX, no drafts once more than 4
+# sequences run; docs/speculative.md);
 # SPECULATIVE=off serves without it, and a request can turn it off (`speculative: false`).
 set -euo pipefail
 build=${1:-build}
