@@ -577,11 +577,11 @@ int conductor_step(struct conductor *c)
     const double t0 = c->spec_gate ? base_now_s() : 0.0;
     enum status st = run_planned_step(c);                    /* 3 */
     if (c->test_step_delay_ns > 0) nanosleep(&(struct timespec){0, c->test_step_delay_ns}, NULL);
+    if (c->test_draft_row_delay_ns > 0 && c->sched.batch.prefill_rows == 0)
+        for (int i = c->sched.batch.n_seqs; i < c->sched.batch.n_rows; i++)
+            nanosleep(&(struct timespec){0, c->test_draft_row_delay_ns}, NULL);
     take_results(c, st);                                     /* 4 */
-    if (c->spec_gate && c->sched.batch.prefill_rows == 0) { /* a decode step's seconds, for draft_gate: a moving mean */
-        const double dt = base_now_s() - t0;
-        c->step_seconds = c->step_seconds > 0.0 ? c->step_seconds + (dt - c->step_seconds) / 16.0 : dt;
-    }
+    if (c->spec_gate) spec_gate_step(c, base_now_s() - t0);
     if (st != STATUS_OK && c->par.world && c->par.world->broken) fail_conductor(c, st);
     scheduler_drop_finished(&c->sched);
     stats_update(c, c->sched.batch.prefill_rows, c->sched.batch.hit_tokens);

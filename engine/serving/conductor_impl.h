@@ -20,6 +20,7 @@
 
 #define MODULE "engine"
 #define VERIFY_MAX_JOBS 8 /* prefix-cache hits verified after one step at most */
+#define SPEC_GATE_BATCHES 65 /* draft_gate's plain-step times by batch size: 1 .. 64 (DRAFT_MAX_SLOTS) */
 
 struct verify_job;
 
@@ -90,15 +91,22 @@ struct conductor {
      * SHARDLM_SPEC_PRIOR=0 (tests that need every sequence to draft). */
     uint64_t spec_g_drafted, spec_g_accepted;
     int      spec_g_backoff, spec_prior;
-    /* Beside prompt lookup (spec_lookup_first), what the draft model or head costs and saves
-     * (draft_gate): the seconds its proposals took, the tokens of its drafts accepted, over the
-     * sequences it proposed for (halved as they grow); a decode step's seconds (a moving mean);
-     * while it costs more than it saves, only one opportunity in SPEC_GATE_PROBE proposes, which
-     * spec_d_opportunities counts. */
-    double   spec_d_seconds, spec_d_accepted, step_seconds;
+    /* What the draft model or head costs and saves (draft_gate, spec_gate_step), over the
+     * sequences it proposed for (halved as they grow): the seconds of its proposals and of the
+     * verifying steps' time beyond a plain step's that its rows took, and the decode seconds its
+     * accepted tokens saved; while it costs more than it saves, only one opportunity in
+     * SPEC_GATE_PROBE proposes, which spec_d_opportunities counts. A plain decode step's seconds
+     * (no draft rows) by batch size (a moving mean; spec_plain_at: the decode step it was last
+     * measured at, of spec_decode_steps), and this step's proposals' seconds, the draft's rows
+     * verified and tokens accepted. */
+    double   spec_d_seconds, spec_d_saved;
     uint64_t spec_d_runs, spec_d_opportunities;
+    double   spec_plain_s[SPEC_GATE_BATCHES];
+    uint64_t spec_plain_at[SPEC_GATE_BATCHES], spec_decode_steps;
+    double   step_propose_s;
+    int      step_d_rows, step_d_accepted;
     int      spec_d_gated;        /* the gate's last state, for its log line when it changes */
-    int      spec_gate;           /* a draft beside prompt lookup: draft_gate applies (conductor_setup) */
+    int      spec_gate;           /* a draft model or head, the prior on: draft_gate applies (conductor_setup) */
     int      max_logits;
     float   *logits;              /* (max_logits, vocab) host */
     float   *scratch;             /* (2, vocab) log-softmax and a logits copy */
@@ -122,8 +130,9 @@ struct conductor {
     int      verify_fault;
     struct verify_job *vjobs[VERIFY_MAX_JOBS];
     int      n_vjobs;
-    /* Tests: $SHARDLM_TEST_STEP_DELAY_MS slows every planned step (a drain that lasts). */
-    long     test_step_delay_ns;
+    /* Tests: $SHARDLM_TEST_STEP_DELAY_MS slows every planned step (a drain that lasts);
+     * $SHARDLM_TEST_DRAFT_ROW_DELAY_MS slows a decode step by each draft row (draft_gate's test). */
+    long     test_step_delay_ns, test_draft_row_delay_ns;
 
     pthread_mutex_t mu;
     pthread_cond_t  cv;
@@ -196,6 +205,8 @@ void        speculate(struct conductor *c);
  * (engine_options.spec_corpus_learn; finish_seq calls it; errors and empty outputs are not kept). */
 void        spec_learn(struct conductor *c, const struct seq *s, enum finish_reason why);
 void        take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_ver);
+/* After a step's results (step 4), its seconds dt: draft_gate's counts (a no-op without spec_gate). */
+void        spec_gate_step(struct conductor *c, double dt);
 /* engine_options.spec_corpus_keep: the learned texts kept in the file are read into the corpus
  * when the engine is made (conductor_create; a corpus given later goes before them), and the
  * corpus's learned texts written back while serving (learn_flush: at most every keep_every_s,

@@ -97,13 +97,23 @@ static enum status load_draft(struct conductor *c)
                                     : draft_load(o->draft_model_dir, c->b, c->m, slots, &c->draft);
     if (st == STATUS_OK && o->draft_token_map) st = draft_token_map(&c->draft, o->draft_token_map);
     if (st != STATUS_OK) return st;
-    c->spec_gate = o->spec_lookup_first; /* draft_gate: the draft beside prompt lookup */
+    c->spec_gate = c->spec_prior; /* draft_gate (SHARDLM_SPEC_PRIOR=0: off, every opportunity proposes) */
     const size_t V = (size_t)c->m->cfg.vocab_size, k = (size_t)(o->spec_draft < 32 ? o->spec_draft : 32);
     c->spec_q = malloc((size_t)c->draft.n_slots * k * V * sizeof *c->spec_q);
     c->spec_p = malloc(V * sizeof *c->spec_p);
     if (!c->spec_q || !c->spec_p)
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the draft distributions");
     return STATUS_OK;
+}
+
+/* A test hook's delay: $name in milliseconds, in (0, 1000), as nanoseconds (0 unset); said in the log. */
+static long test_delay_ns(const char *name, const char *what)
+{
+    const char *v = getenv(name);
+    float ms = 0.0f;
+    if (!v || base_parse_float(v, &ms) != 0 || !(ms > 0.0f && ms < 1000.0f)) return 0;
+    LOG_WARN(MODULE, "%s=%s: %s", name, v, what);
+    return (long)(ms * 1e6f);
 }
 
 enum status conductor_create(const struct engine_options *opt, struct conductor **out)
@@ -195,12 +205,9 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
         if (st != STATUS_OK) goto fail;
     }
     verify_init(c);
-    const char *delay = getenv("SHARDLM_TEST_STEP_DELAY_MS");
-    float delay_ms = 0.0f;
-    if (delay && base_parse_float(delay, &delay_ms) == 0 && delay_ms > 0.0f && delay_ms < 1000.0f) {
-        c->test_step_delay_ns = (long)(delay_ms * 1e6f);
-        LOG_WARN(MODULE, "SHARDLM_TEST_STEP_DELAY_MS=%s: every step waits that long", delay);
-    }
+    c->test_step_delay_ns = test_delay_ns("SHARDLM_TEST_STEP_DELAY_MS", "every step waits that long");
+    c->test_draft_row_delay_ns = test_delay_ns("SHARDLM_TEST_DRAFT_ROW_DELAY_MS",
+                                               "a decode step waits that long for each draft row it verifies");
     /* Only the first rank times out: workers legitimately wait for the next plan forever. Every
      * rank beats (parallel_watch_start), so that the timeout names the rank that stopped. */
     if (c->par.world && c->par.world->rank == 0) c->par.world->timeout_s = o->rank_timeout_s;

@@ -39,7 +39,8 @@
 #define SPEC_PRIOR_MIN      32  /* drafts verified server-wide before the prior judges */
 #define SPEC_PRIOR_HALVE    1024 /* the server-wide counts are halved beyond this (recent drafts weigh most) */
 #define SPEC_GATE_MIN       16  /* the draft's proposals counted before draft_gate judges */
-#define SPEC_GATE_PROBE     16  /* while the draft beside lookup is gated, one opportunity in this many proposes */
+#define SPEC_GATE_PROBE     16  /* while the draft is gated, one opportunity in this many proposes */
+#define SPEC_GATE_STALE     32  /* decode steps after which a batch size's plain step is timed again */
 
 /* Whether s may draft this step: decoding (one real token pending), not opted out, not on the
  * device-greedy path (its argmax comes from the device, one row per sequence), and past its
@@ -214,36 +215,75 @@ static int spec_prior_low(const struct conductor *c)
            c->spec_g_accepted * SPEC_MIN_ACCEPT_DEN < c->spec_g_drafted;
 }
 
-/* Whether the draft model or head may propose for a sequence this step, beside prompt lookup
- * (which found nothing for it). Acceptance alone does not say whether it pays: its forwards cost
- * time even where they end in no draft (--spec-p-min), and its first proposal for a sequence
- * runs over the whole prompt; on SQuAD questions (Gemma 3 + the chat adapter, long passages and
- * answers of a few tokens) a head that drafted nothing at all still took the server from 1.42x
- * to 1.25x of the speed without speculation. So its proposals' seconds and the tokens of its
- * drafts accepted are counted server-wide; once SPEC_GATE_MIN proposals are counted, while the
- * tokens times a decode step's seconds are below the seconds, it proposes at one opportunity in
- * SPEC_GATE_PROBE only, enough for the counts to follow the traffic and open the gate again.
- * Off with the prior (SHARDLM_SPEC_PRIOR=0). */
+/* Whether the draft model or head may propose for a sequence this step (beside prompt lookup:
+ * where lookup found nothing for it). Acceptance alone does not say whether it pays: its forwards
+ * cost time even where they end in no draft (--spec-p-min), its first proposal for a sequence
+ * runs over the whole prompt, and the rows of its drafts make the verifying step slower than a
+ * plain one. On SQuAD questions (Gemma 3 + the chat adapter, long passages and answers of a few
+ * tokens) a head that drafted nothing at all took lookup first from 1.42x to 1.25x of the speed
+ * without speculation, and head SU alone ran at 0.94x with 29.8 % of its drafts accepted, above
+ * the adaptive rule's 1/4. So what it costs and saves is counted server-wide (spec_gate_step);
+ * once SPEC_GATE_MIN proposals are counted, while the decode seconds its accepted tokens saved
+ * are below the seconds it cost, it proposes at one opportunity in SPEC_GATE_PROBE only, enough
+ * for the counts to follow the traffic and open the gate again. Off with the prior
+ * (SHARDLM_SPEC_PRIOR=0). */
 static int draft_gate(struct conductor *c)
 {
-    const int shut = c->spec_prior && c->spec_d_runs >= SPEC_GATE_MIN &&
-                     c->spec_d_accepted * c->step_seconds < c->spec_d_seconds;
+    const int shut = c->spec_d_runs >= SPEC_GATE_MIN && c->spec_d_saved < c->spec_d_seconds;
     if (shut != c->spec_d_gated)
-        LOG_INFO("engine", "speculative: the draft beside prompt lookup %s (its proposals lately %.3f s, its accepted "
-                 "tokens about %.3f s of decode steps)", shut ? "now proposes at one opportunity in 16: it costs "
-                 "more than it saves" : "proposes again", c->spec_d_seconds, c->spec_d_accepted * c->step_seconds);
+        LOG_INFO("engine", "speculative: the draft %s (it cost %.3f s lately, its accepted tokens saved about %.3f s "
+                 "of decode steps)", shut ? "now proposes at one opportunity in 16: it costs more than it saves"
+                 : "proposes again", c->spec_d_seconds, c->spec_d_saved);
     c->spec_d_gated = shut;
     return !shut || c->spec_d_opportunities++ % SPEC_GATE_PROBE == 0;
 }
 
-/* draft_gate's counts after proposals for n sequences that took dt seconds (accepted 0), or after
- * accepted tokens of its drafts were verified (n, dt 0). */
-static void draft_gate_count(struct conductor *c, int n, double dt, int accepted)
+/* Whether this step must be a plain one (no drafts at all) for draft_gate's reference: a plain
+ * decode step's seconds at n sequences unknown, or measured more than SPEC_GATE_STALE decode
+ * steps ago (the contexts grow; other traffic comes and goes). */
+static int plain_step_due(const struct conductor *c, int n)
+{
+    if (n >= SPEC_GATE_BATCHES) n = SPEC_GATE_BATCHES - 1;
+    return c->spec_plain_s[n] <= 0.0 || c->spec_decode_steps - c->spec_plain_at[n] > SPEC_GATE_STALE;
+}
+
+/* After a step of dt seconds: a plain decode step (no prompt rows, no draft rows) updates the
+ * reference of its batch size B (a moving mean); with that reference T known, the draft's
+ * proposals before the step count as cost, and in a decode step so do the seconds beyond T, in
+ * the share of the step's draft rows that were the draft's (the rest were prompt lookup's or the
+ * corpus'); each token of its drafts accepted saved T / B (a step of B sequences gives each one
+ * token: with a drafts accepted over the batch, (B + a) tokens in T + extra seconds pay exactly
+ * when a * T / B exceeds the extra). */
+void spec_gate_step(struct conductor *c, double dt)
+{
+    if (!c->spec_gate) return;
+    const struct step_batch *b = &c->sched.batch;
+    const int B = b->n_seqs < SPEC_GATE_BATCHES ? b->n_seqs : SPEC_GATE_BATCHES - 1, drafts = b->n_rows - b->n_seqs;
+    const int decode = b->prefill_rows == 0 && B > 0;
+    double *T = &c->spec_plain_s[B];
+    if (decode) {
+        c->spec_decode_steps++;
+        if (drafts == 0) {
+            *T = *T > 0.0 ? *T + (dt - *T) / 8.0 : dt;
+            c->spec_plain_at[B] = c->spec_decode_steps;
+        }
+    }
+    if (B > 0 && *T > 0.0 && (c->step_propose_s > 0.0 || c->step_d_rows > 0)) {
+        double cost = c->step_propose_s;
+        if (decode && drafts > 0) cost += (dt - *T) * c->step_d_rows / drafts;
+        c->spec_d_seconds += cost;
+        c->spec_d_saved += c->step_d_accepted * *T / B;
+    }
+    c->step_propose_s = 0.0;
+    c->step_d_rows = c->step_d_accepted = 0;
+}
+
+/* draft_gate's count of proposals, after proposals for n sequences (the counts are halved beyond
+ * SPEC_PRIOR_HALVE: recent proposals weigh most). */
+static void draft_gate_count(struct conductor *c, int n)
 {
     c->spec_d_runs += (uint64_t)n;
-    c->spec_d_seconds += dt;
-    c->spec_d_accepted += accepted;
-    if (c->spec_d_runs > SPEC_PRIOR_HALVE) c->spec_d_runs /= 2, c->spec_d_seconds /= 2, c->spec_d_accepted /= 2;
+    if (c->spec_d_runs > SPEC_PRIOR_HALVE) c->spec_d_runs /= 2, c->spec_d_seconds /= 2, c->spec_d_saved /= 2;
 }
 
 /* The prior after a sequence's window was judged (low or not) and its n_ver verified drafts, of
@@ -460,6 +500,7 @@ void speculate(struct conductor *c)
      * above --spec-max-batch drafts nothing, but its finished owners' slots must not stay taken). */
     if (c->draft.m) draft_sweep(&c->draft, sc->running, sc->n_running);
     if (c->o.spec_draft <= 0 || sc->n_running > (c->o.spec_max_batch > 0 ? c->o.spec_max_batch : 4)) return;
+    if (c->spec_gate && plain_step_due(c, sc->n_running)) return; /* draft_gate's reference: a plain step */
     /* (64 logits rows, or half of a small step's, kept for prompts that ask for log-probabilities:
      * with --max-batch-tokens 64 a fixed 64 left none, and speculation silently never drafted) */
     const int keep = c->max_logits / 2 < 64 ? c->max_logits / 2 : 64;
@@ -522,7 +563,7 @@ void speculate(struct conductor *c)
     if (!n_ds) return;
     const double t0 = c->spec_gate ? base_now_s() : 0.0;
     propose(c, ds, want, n_ds);
-    if (c->spec_gate) draft_gate_count(c, n_ds, base_now_s() - t0, 0);
+    if (c->spec_gate) draft_gate_count(c, n_ds), c->step_propose_s += base_now_s() - t0;
 }
 
 enum status conductor_set_spec_corpus(struct conductor *c, const int32_t *ids, int64_t n)
@@ -693,7 +734,7 @@ void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_v
     if (c->draft.m) draft_rollback(&c->draft, s, real_end + n_accepted);
     check_matcher(c, s);
     const int backoff = adapt(c, s, limit, n_ver, n_accepted);
-    if (!s->spec_lookup && c->spec_gate) draft_gate_count(c, 0, 0.0, n_accepted);
+    if (!s->spec_lookup && c->spec_gate) c->step_d_rows += n_ver, c->step_d_accepted += n_accepted;
     pthread_mutex_lock(&c->mu);
     c->stats.spec_drafted += (uint64_t)n_ver;
     c->stats.spec_accepted += (uint64_t)n_accepted;

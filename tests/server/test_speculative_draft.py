@@ -32,6 +32,9 @@ accepted with probability p/q < 1).
    that are not JSON arrays of distinct ids of the vocabulary, or a missing file, fail at start-up
    naming --spec-token-map and the fault; --spec-token-map without --draft-model is a usage error.
    (tp 2 and pp 2 with a draft: test_speculative_draft_parallel.py.)
+5. The time gate on a draft alone (the prior on): the target as its own draft with every step
+   slowed by 20 ms stays open; with each draft row slowing its step by 60 ms (a test hook) it
+   costs more than it saves and is gated (the log says so; under half the drafts).
 
   test_speculative_draft.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K [--other-vocab GGUF]
 SKIP (77) without the model, numpy, scipy or the Python client.
@@ -129,6 +132,22 @@ def stats(srv):
         return c.server_stats()
 
 
+def time_gate(a, spec):
+    """The time gate (conductor_speculate.c draft_gate) on a draft alone, the prior on (the
+    default): the target as its own draft (every draft accepted) with every step slowed by 20 ms
+    (SHARDLM_TEST_STEP_DELAY_MS) saves 20 ms a token and costs little: it must stay open; the
+    same with each draft row slowing its decode step by 60 ms (SHARDLM_TEST_DRAFT_ROW_DELAY_MS)
+    costs three times what it saves: it must close for good (its log says so) and draft under half as much. Returns
+    each server's greedy tokens, drafts verified and log."""
+    out = []
+    for name, extra in (("gate-pays", {}), ("gate-costs", {"SHARDLM_TEST_DRAFT_ROW_DELAY_MS": "60"})):
+        env = dict(os.environ, SHARDLM_TEST_STEP_DELAY_MS="20", **extra)
+        with TS.Server(a.shardlm, Path(a.model), "--draft-model", a.model, *spec, name=name, env=env) as srv:
+            g = greedy(srv, 1)
+            out.append((g, stats(srv).spec_draft_tokens, srv.log_path.read_text()))
+    return out
+
+
 def refusals(a, small, tmp):
     maps = {"[1, 2, 512]": "outside the vocabulary", "[3, 5, 3]": "listed twice", "[]": "empty",
             '{"ids": [1]}': "not a JSON array", "[1, 2,]": "not an integer", "[1, 2] x": "text after"}
@@ -219,6 +238,7 @@ def main():
             st2 = stats(srv)
             prior = (p1, p2, st1.spec_draft_tokens, st2.spec_draft_tokens - st1.spec_draft_tokens,
                      st2.spec_backoffs - st1.spec_backoffs)
+        timed = time_gate(a, spec)
         dp2 = None
         if shutil.which("mpirun"):
             with TS.Server(a.shardlm, Path(a.model), "--draft-model", a.model, *spec, name="draft-dp2",
@@ -234,6 +254,14 @@ def main():
               f"dp 2, the target as its own draft: identical greedy tokens "
               f"({sum(x == y for x, y in zip(base[0] + base[1], dp2[0] + dp2[1]))} of {2 * len(PROMPTS)}), "
               f"{st_dp.spec_accepted_tokens} of {st_dp.spec_draft_tokens} drafts accepted")
+    said = "the draft now proposes at one opportunity in 16"
+    (g_pays, d_pays, log_pays), (g_costs, d_costs, log_costs) = timed
+    check(g_pays == g_costs == base[0], "the time gate: greedy tokens unchanged")
+    check(said not in log_pays and d_pays > 0, f"the time gate, a draft that pays (the target itself, every step "
+          f"slowed by 20 ms): never gated ({d_pays} drafts verified)")
+    check(said in log_costs and "the draft proposes again" not in log_costs and 0 < 2 * d_costs < d_pays,
+          f"the time gate, the same draft whose rows cost more than they save (60 ms a draft row): gated for good, "
+          f"{d_costs} drafts verified against {d_pays} (16 proposals, then one opportunity in 16)")
     p1, p2, d1, d2, b2 = prior
     check(p1 == p2 == base[0] and d1 > 0 and 2 * d2 < d1 and b2 > 0,
           f"the adaptive rule's server-wide prior: the 2-layer draft's {d1} drafts in a first round of "

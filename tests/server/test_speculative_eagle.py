@@ -29,9 +29,10 @@ own final hidden states, which the engine captures from the target's forwards.
 5. --spec-p-min P (P the median of the head's best-token probabilities by the reference): greedy
    tokens equal; no proposal below P drafted, some above it; a request's speculative_p_min 0 lifts
    it, speculative_p_min 1.5 is INVALID_ARGUMENT naming the field.
-6. The gate beside prompt lookup: a head that costs time and never drafts (--spec-p-min 1) proposes
-   16 times, then at one opportunity in 16, where with the gate off (SHARDLM_SPEC_PRIOR=0) it
-   proposes at every one (counted in the trace); the greedy answers unchanged.
+6. The time gate, beside prompt lookup and alone: a head that costs time and never drafts
+   (--spec-p-min 1) proposes 16 times, then at one opportunity in 16, where with the gate off
+   (SHARDLM_SPEC_PRIOR=0) it proposes at every one (counted in the trace); the greedy answers
+   unchanged.
 7. Refusals at start-up, by name: a head without one of its tensors, with a tensor of the wrong
    shape, for rotary of the other style; a target that cannot carry one (GPT-2's learned
    positions, the golden random GPT-2); --speculative eagle without --draft-model, --spec-p-min
@@ -340,29 +341,32 @@ def p_min(a, np, ref, eagle, every, base, trace, tmp):
 
 
 def gate(a, eagle, base, tmp):
-    """Beside prompt lookup (--spec-ngram 3), a head that costs time and saves none (--spec-p-min 1:
-    its proposals never draft) is gated (conductor_speculate.c draft_gate): after 16 proposals it
-    proposes at one opportunity in 16 only, where the same requests with the gate off
+    """A head that costs time and saves none (--spec-p-min 1: its proposals never draft) is gated
+    (conductor_speculate.c draft_gate), beside prompt lookup (--spec-ngram 3) and alone: after 16
+    proposals it proposes at one opportunity in 16 only, where the same requests with the gate off
     (SHARDLM_SPEC_PRIOR=0) propose at every one; the greedy answers are the same."""
-    counts, answers, logs = [], [], []
-    for name, env in (("eagle-gate-off", dict(os.environ, SHARDLM_SPEC_PRIOR="0")), ("eagle-gate", dict(os.environ))):
-        path = tmp / f"trace-{name}.txt"
-        try:
-            with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", *eagle, "--spec-ngram", "3",
-                           "--spec-p-min", "1.0", name=name, env=dict(env, SHARDLM_EAGLE_TRACE=str(path))) as srv:
-                answers.append(greedy(srv, 1) + greedy(srv, 1))
-                logs.append(srv.log_path.read_text())
-        finally:
-            TS.kill_all()
-        counts.append(len(parse_trace(path)) if path.exists() else 0)
-    off, on = counts
-    most = 16 + (off - 16 + 15) // 16 + 2
-    check(off >= 64 and 16 <= on <= most, f"a head that never drafts, beside prompt lookup: {on} proposals with the "
-          f"gate against {off} without it (16 + one in 16 after them: at most {most})")
-    said = "the draft beside prompt lookup now proposes at one opportunity in 16"
-    check(said in logs[1] and said not in logs[0], "the gated server's log says when it closes; the other's does not")
-    same = sum(u == v for r in answers for u, v in zip(base[0] * 2, r))
-    check(same == 4 * len(PROMPTS), f"gated and not: {same} of {4 * len(PROMPTS)} greedy answers equal")
+    said = "the draft now proposes at one opportunity in 16"
+    for where, lookup in (("beside prompt lookup", ["--spec-ngram", "3"]), ("alone", [])):
+        counts, answers, logs = [], [], []
+        for name, env in (("eagle-gate-off", dict(os.environ, SHARDLM_SPEC_PRIOR="0")),
+                          ("eagle-gate", dict(os.environ))):
+            path = tmp / f"trace-{name}-{len(lookup)}.txt"
+            try:
+                with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", *eagle, *lookup, "--spec-p-min",
+                               "1.0", name=name, env=dict(env, SHARDLM_EAGLE_TRACE=str(path))) as srv:
+                    answers.append(greedy(srv, 1) + greedy(srv, 1))
+                    logs.append(srv.log_path.read_text())
+            finally:
+                TS.kill_all()
+            counts.append(len(parse_trace(path)) if path.exists() else 0)
+        off, on = counts
+        most = 16 + (off - 16 + 15) // 16 + 2
+        check(off >= 64 and 16 <= on <= most, f"a head that never drafts, {where}: {on} proposals with the gate "
+              f"against {off} without it (16 + one in 16 after them: at most {most})")
+        check(said in logs[1] and said not in logs[0], f"{where}: the gated server's log says when it closes; the "
+              "other's does not")
+        same = sum(u == v for r in answers for u, v in zip(base[0] * 2, r))
+        check(same == 4 * len(PROMPTS), f"{where}, gated and not: {same} of {4 * len(PROMPTS)} greedy answers equal")
 
 
 def refuse(a, args, want, what):
