@@ -264,12 +264,22 @@ static enum status message_content(const cJSON *c, int i, char **out)
     char *text = NULL;
     size_t len = 0, cap = 0;
     http_buf_append(&text, &len, &cap, "", 0);
-    for (const cJSON *part = c->child; part; part = part->next) {
+    /* cache_control (Anthropic-style clients send it): the prefix cache is automatic, so it is honoured */
+    static const char *const part_fields[] = {"type", "text", "cache_control", NULL};
+    int k = 0;
+    for (const cJSON *part = c->child; part; part = part->next, k++) {
         const cJSON *type = field(part, "type"), *t = field(part, "text");
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(t)) {
             free(text);
             return status_errorf(STATUS_INVALID_ARGUMENT, "%s: only parts {\"type\": \"text\", \"text\": ...} are supported",
                                  name);
+        }
+        char where[64];
+        snprintf(where, sizeof where, "%s[%d]", name, k);
+        enum status st = http_json_only_fields(part, where, part_fields);
+        if (st != STATUS_OK) {
+            free(text);
+            return st;
         }
         http_buf_append(&text, &len, &cap, t->valuestring, strlen(t->valuestring));
     }

@@ -460,6 +460,16 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
     }
     const char *only = NULL;
     int required = 0;
+    if (cJSON_IsObject(choice)) { /* {"type": "function", "function": {"name": ...}}, nothing else */
+        static const char *const choice_fields[] = {"type", "function", NULL}, *const function_fields[] = {"name", NULL};
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(choice, "type");
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
+        enum status st = http_json_only_fields(choice, "tool_choice", choice_fields);
+        if (st == STATUS_OK && cJSON_IsObject(f)) st = http_json_only_fields(f, "tool_choice.function", function_fields);
+        if (st != STATUS_OK) return st;
+        if (type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "function")))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'tool_choice.type' must be \"function\"");
+    }
     if (choice) {
         const cJSON *f = cJSON_IsObject(choice) ? cJSON_GetObjectItemCaseSensitive(choice, "function") : NULL;
         const cJSON *fname = f ? cJSON_GetObjectItemCaseSensitive(f, "name") : NULL;

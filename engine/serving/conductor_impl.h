@@ -100,6 +100,7 @@ struct conductor {
      * measured at, of spec_decode_steps), and this step's proposals' seconds, the draft's rows
      * verified and tokens accepted. */
     double   spec_d_seconds, spec_d_saved;
+    double   spec_d_credit;       /* while gated, the seconds its probes may still cost (draft_gate) */
     uint64_t spec_d_runs, spec_d_opportunities;
     double   spec_plain_s[SPEC_GATE_BATCHES];
     uint64_t spec_plain_at[SPEC_GATE_BATCHES], spec_decode_steps;

@@ -41,6 +41,7 @@
 #define SPEC_GATE_MIN       16  /* the draft's proposals counted before draft_gate judges */
 #define SPEC_GATE_PROBE     16  /* while the draft is gated, one opportunity in this many proposes */
 #define SPEC_GATE_STALE     32  /* decode steps after which a batch size's plain step is timed again */
+#define SPEC_GATE_PROBE_SHARE 64 /* while the draft is gated, its probes cost at most this share of the time */
 
 /* Whether s may draft this step: decoding (one real token pending), not opted out, not on the
  * device-greedy path (its argmax comes from the device, one row per sequence), and past its
@@ -225,17 +226,22 @@ static int spec_prior_low(const struct conductor *c)
  * the adaptive rule's 1/4. So what it costs and saves is counted server-wide (spec_gate_step);
  * once SPEC_GATE_MIN proposals are counted, while the decode seconds its accepted tokens saved
  * are below the seconds it cost, it proposes at one opportunity in SPEC_GATE_PROBE only, enough
- * for the counts to follow the traffic and open the gate again. Off with the prior
- * (SHARDLM_SPEC_PRIOR=0). */
+ * for the counts to follow the traffic and open the gate again, and only while these probes have
+ * cost less than 1 / SPEC_GATE_PROBE_SHARE of the time since it closed (a probe for a new
+ * sequence runs the head over its whole prompt: on SQuAD one in 16 opportunities still cost
+ * 8 %). Off with the prior (SHARDLM_SPEC_PRIOR=0). */
 static int draft_gate(struct conductor *c)
 {
     const int shut = c->spec_d_runs >= SPEC_GATE_MIN && c->spec_d_saved < c->spec_d_seconds;
-    if (shut != c->spec_d_gated)
+    if (shut != c->spec_d_gated) {
         LOG_INFO("engine", "speculative: the draft %s (it cost %.3f s lately, its accepted tokens saved about %.3f s "
                  "of decode steps)", shut ? "now proposes at one opportunity in 16: it costs more than it saves"
                  : "proposes again", c->spec_d_seconds, c->spec_d_saved);
+        c->spec_d_credit = 0.0;
+    }
     c->spec_d_gated = shut;
-    return !shut || c->spec_d_opportunities++ % SPEC_GATE_PROBE == 0;
+    if (!shut) return 1;
+    return c->spec_d_credit > 0.0 && c->spec_d_opportunities++ % SPEC_GATE_PROBE == 0;
 }
 
 /* Whether this step must be a plain one (no drafts at all) for draft_gate's reference: a plain
@@ -268,11 +274,16 @@ void spec_gate_step(struct conductor *c, double dt)
             c->spec_plain_at[B] = c->spec_decode_steps;
         }
     }
+    double cost = 0.0;
     if (B > 0 && *T > 0.0 && (c->step_propose_s > 0.0 || c->step_d_rows > 0)) {
-        double cost = c->step_propose_s;
+        cost = c->step_propose_s;
         if (decode && drafts > 0) cost += (dt - *T) * c->step_d_rows / drafts;
         c->spec_d_seconds += cost;
         c->spec_d_saved += c->step_d_accepted * *T / B;
+    }
+    if (c->spec_d_gated) { /* the probes' allowance: a share of the time, less what they cost (at most a step's ahead) */
+        c->spec_d_credit += (dt + c->step_propose_s) / SPEC_GATE_PROBE_SHARE - (cost > 0.0 ? cost : 0.0);
+        if (c->spec_d_credit > dt) c->spec_d_credit = dt;
     }
     c->step_propose_s = 0.0;
     c->step_d_rows = c->step_d_accepted = 0;

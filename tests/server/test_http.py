@@ -342,11 +342,26 @@ def group_errors(env):
                           ({"role": "assistant", "content": "x", "annotations": [{"type": "url_citation"}]},
                            "'messages[0].annotations' is not supported"),
                           ({**user, "reasoning_content": 1}, "'messages[0].reasoning_content' must be a string"),
+                          ({"role": "user", "content": [{"type": "text", "text": "x", "detail": "high"}]},
+                           "messages[0].content[0].detail: unknown field"),
+                          ({"role": "user", "content": [{"type": "text", "text": "x",
+                                                         "cache_control": {"type": "ephemeral"}}]}, None),
                           # What OpenAI's own replies carry, sent back: taken.
                           ({"role": "assistant", "content": "x", "refusal": None, "annotations": [], "audio": None,
                             "function_call": None, "tool_calls": None, "reasoning_content": None}, None)]:
             code, ans = http(srv, "POST", "/v1/chat/completions", {"messages": [msg, user], "max_tokens": 1}, H)
             check(code == 200 if want is None else code == 400 and want in ans["error"]["message"], f"{msg}: {code} {ans}")
+        # tool_choice as an object: {"type": "function", "function": {"name": ...}} and nothing else.
+        fn = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        for choice, want in [({"type": "function", "function": {"name": "f"}, "allowed": ["f"]},
+                              "tool_choice.allowed: unknown field"),
+                             ({"type": "function", "function": {"name": "f", "strict": True}},
+                              "tool_choice.function.strict: unknown field"),
+                             ({"type": "allowed_tools", "function": {"name": "f"}},
+                              "'tool_choice.type' must be \"function\"")]:
+            code, ans = http(srv, "POST", "/v1/chat/completions", {"messages": [user], "tools": fn,
+                                                                    "tool_choice": choice, "max_tokens": 1}, H)
+            check(code == 400 and want in ans["error"]["message"], f"tool_choice {choice}: {code} {ans}")
         code, ans = http(srv, "POST", "/v1/chat/completions", {"messages": "hi"}, H)
         check(code == 400 and "'messages' must be a list" in ans["error"]["message"], f"messages type: {code} {ans}")
         code, ans = http(srv, "POST", "/v1/chat/completions",

@@ -261,7 +261,7 @@ def main():
           f"slowed by 20 ms): never gated ({d_pays} drafts verified)")
     check(said in log_costs and "the draft proposes again" not in log_costs and 0 < 2 * d_costs < d_pays,
           f"the time gate, the same draft whose rows cost more than they save (60 ms a draft row): gated for good, "
-          f"{d_costs} drafts verified against {d_pays} (16 proposals, then one opportunity in 16)")
+          f"{d_costs} drafts verified against {d_pays} (16 proposals, then one opportunity in 16 at most)")
     p1, p2, d1, d2, b2 = prior
     check(p1 == p2 == base[0] and d1 > 0 and 2 * d2 < d1 and b2 > 0,
           f"the adaptive rule's server-wide prior: the 2-layer draft's {d1} drafts in a first round of "

@@ -30,9 +30,9 @@ own final hidden states, which the engine captures from the target's forwards.
    tokens equal; no proposal below P drafted, some above it; a request's speculative_p_min 0 lifts
    it, speculative_p_min 1.5 is INVALID_ARGUMENT naming the field.
 6. The time gate, beside prompt lookup and alone: a head that costs time and never drafts
-   (--spec-p-min 1) proposes 16 times, then at one opportunity in 16, where with the gate off
-   (SHARDLM_SPEC_PRIOR=0) it proposes at every one (counted in the trace); the greedy answers
-   unchanged.
+   (--spec-p-min 1) proposes 16 times, then at one opportunity in 16 at most (and only while its
+   probes cost under 1/64 of the time), where with the gate off (SHARDLM_SPEC_PRIOR=0) it proposes
+   at every one (counted in the trace); the greedy answers unchanged.
 7. Refusals at start-up, by name: a head without one of its tensors, with a tensor of the wrong
    shape, for rotary of the other style; a target that cannot carry one (GPT-2's learned
    positions, the golden random GPT-2); --speculative eagle without --draft-model, --spec-p-min
@@ -343,7 +343,7 @@ def p_min(a, np, ref, eagle, every, base, trace, tmp):
 def gate(a, eagle, base, tmp):
     """A head that costs time and saves none (--spec-p-min 1: its proposals never draft) is gated
     (conductor_speculate.c draft_gate), beside prompt lookup (--spec-ngram 3) and alone: after 16
-    proposals it proposes at one opportunity in 16 only, where the same requests with the gate off
+    proposals it proposes at one opportunity in 16 at most, where the same requests with the gate off
     (SHARDLM_SPEC_PRIOR=0) propose at every one; the greedy answers are the same."""
     said = "the draft now proposes at one opportunity in 16"
     for where, lookup in (("beside prompt lookup", ["--spec-ngram", "3"]), ("alone", [])):
@@ -362,7 +362,7 @@ def gate(a, eagle, base, tmp):
         off, on = counts
         most = 16 + (off - 16 + 15) // 16 + 2
         check(off >= 64 and 16 <= on <= most, f"a head that never drafts, {where}: {on} proposals with the gate "
-              f"against {off} without it (16 + one in 16 after them: at most {most})")
+              f"against {off} without it (16, then one in 16 at most: {most})")
         check(said in logs[1] and said not in logs[0], f"{where}: the gated server's log says when it closes; the "
               "other's does not")
         same = sum(u == v for r in answers for u, v in zip(base[0] * 2, r))
