@@ -4,11 +4,14 @@
  * runs without holding up the completion-queue loop (engine_embed_submit: its passes are shared
  * with the other fronts' concurrent requests).
  *
- * Embed's ownership: the loop thread parses and submits a struct embed_rpc, which the call keeps
- * (call.embed_rpc; call_maybe_free waits for it); the engine thread's done callback only puts it
- * on s->embed_done and wakes the loop, which answers the call there (embed_rpc_drain). A client
- * cancel or a deadline cancels the engine request (call.c, engine_embed_cancel); its done still
- * comes.
+ * Embed's ownership: the loop thread parses the request and pins the model; the inputs are
+ * tokenized on the loader's work thread (up to 2,048 inputs in a 4 MiB message: seconds of work
+ * that must not stall every stream; loader.c, the job keeps the call), and back on the loop
+ * (rpc_submit) the struct embed_rpc goes to the engine, the call keeping it (call.embed_rpc;
+ * call_maybe_free waits for it); the engine thread's done callback only puts it on s->embed_done
+ * and wakes the loop, which answers the call there (embed_rpc_drain). A client cancel or a
+ * deadline while it is tokenized skips or drops it; later it cancels the engine request (call.c,
+ * engine_embed_cancel), whose done still comes.
  * Not here: the HTTP front's JSON (http_embeddings.c), protobuf (convert_embed.c), the passes
  * (engine/serving/conductor_embed.c).
  * Tests: tests/server/test_embeddings.py (Embed against /v1/embeddings and the float64
@@ -107,6 +110,7 @@ struct embed_rpc {
     struct embed_rpc *next;       /* on s->embed_done */
     struct server    *s;
     struct call      *call;       /* borrowed; kept alive by call.embed_rpc */
+    struct embed_request r;       /* the parsed request, until rpc_submit */
     struct embed_inputs in;
     float            *vecs;       /* (in.n, d_model) */
     struct engine_embed_req req;  /* what the engine borrows until done */
@@ -117,6 +121,7 @@ struct embed_rpc {
 static void rpc_free(struct embed_rpc *rpc)
 {
     if (!rpc) return;
+    embed_request_free(&rpc->r);
     embed_inputs_free(&rpc->in);
     free(rpc->vecs);
     free(rpc);
@@ -136,30 +141,52 @@ static void rpc_done(void *ctx, enum status st, const char *message)
     server_wake(s);
 }
 
-void embed_rpc_start(struct call *c, const uint8_t *data, size_t len)
+/* The loader's work thread: the inputs tokenized and the vectors' room. */
+static enum status rpc_prepare(struct load_job *j)
 {
+    struct embed_rpc *rpc = j->ctx;
+    enum status st = embed_prepare(j->call->m, &rpc->r, &rpc->in);
+    if (st == STATUS_OK) st = alloc_vecs(j->call->m, &rpc->in, &rpc->vecs);
+    return st;
+}
+
+/* The loop, after rpc_prepare (or a call that ended before it ran): to the engine, or the error. */
+static void rpc_submit(struct load_job *j)
+{
+    struct embed_rpc *rpc = j->ctx;
+    struct call *c = j->call;
     struct server *s = c->s;
-    struct embed_request r = {0};
-    struct embed_rpc *rpc = calloc(1, sizeof *rpc);
-    enum status st = rpc ? convert_embed_request(data, len, &r) : oom();
-    if (st == STATUS_OK && (st = call_pin_model(c, r.model, data, len)) == STATUS_OK && !c->m) {
-        embed_request_free(&r); /* its model is loading: call_dispatch brings the request back */
-        rpc_free(rpc);
-        return;
-    }
-    if (st == STATUS_OK) st = embed_prepare(c->m, &r, &rpc->in);
-    if (st == STATUS_OK) st = alloc_vecs(c->m, &rpc->in, &rpc->vecs);
+    enum status st = j->st;
+    const char *message = j->message;
+    if (st == STATUS_OK && (c->close_done || c->send_has_status)) /* the client went away meanwhile */
+        st = STATUS_CANCELLED, message = "the call ended while its inputs were tokenized";
     if (st == STATUS_OK) {
         rpc->s = s;
         rpc->call = c;
         rpc->req = (struct engine_embed_req){.tokens = rpc->in.ids, .offsets = rpc->in.offsets, .n_inputs = rpc->in.n,
-                                             .pooling = r.pooling, .normalize = r.normalize, .out = rpc->vecs,
-                                             .done = rpc_done, .ctx = rpc};
+                                             .pooling = rpc->r.pooling, .normalize = rpc->r.normalize,
+                                             .out = rpc->vecs, .done = rpc_done, .ctx = rpc};
         c->embed_rpc = rpc;
-        if ((st = engine_embed_submit(c->m->engine, &rpc->req)) != STATUS_OK) c->embed_rpc = NULL;
+        if ((st = engine_embed_submit(c->m->engine, &rpc->req)) == STATUS_OK) return; /* answered by embed_rpc_drain */
+        c->embed_rpc = NULL;
+        message = status_message();
     }
-    embed_request_free(&r);
-    if (st == STATUS_OK) return; /* answered by embed_rpc_drain */
+    embed_observe(s, METRICS_API_GRPC, st, &rpc->in);
+    call_fail_status(c, st, message);
+    rpc_free(rpc);
+}
+
+void embed_rpc_start(struct call *c, const uint8_t *data, size_t len)
+{
+    struct server *s = c->s;
+    struct embed_rpc *rpc = calloc(1, sizeof *rpc);
+    enum status st = rpc ? convert_embed_request(data, len, &rpc->r) : oom();
+    if (st == STATUS_OK && (st = call_pin_model(c, rpc->r.model, data, len)) == STATUS_OK && !c->m) {
+        rpc_free(rpc); /* its model is loading: call_dispatch brings the request back */
+        return;
+    }
+    if (st == STATUS_OK && (st = loader_submit_work(c, rpc_prepare, rpc_submit, rpc, NULL, 0)) == STATUS_OK)
+        return; /* goes on in rpc_submit */
     const char *message = status_message();
     embed_observe(s, METRICS_API_GRPC, st, rpc ? &rpc->in : &(struct embed_inputs){0});
     call_fail_status(c, st, message);

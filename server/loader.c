@@ -1,26 +1,32 @@
-/* server/loader.c - loads off the completion-queue loop: one loader thread reads and checks each
- * LoadAdapter's adapter (engine_load_adapter: file reads that may take seconds, or hang on a dead
- * network mount), and loads the served model that a gRPC call names when it is not loaded
- * (serve --models-max, --sleep-idle-seconds: server_acquire), while the loop goes on answering
- * every other call. Loads run one at a time, in order. A model's load ends by dispatching the
- * call's request again (call_dispatch), the model pinned by the job until then.
+/* server/loader.c - work off the completion-queue loop, on two threads of their own. The load
+ * thread reads and checks each LoadAdapter's adapter (engine_load_adapter: file reads that may
+ * take seconds, or hang on a dead network mount), and loads the served model that a gRPC call
+ * names when it is not loaded (serve --models-max, --sleep-idle-seconds: server_acquire). The
+ * work thread runs the methods whose CPU work grows with the request (Tokenize of up to 1 MiB of
+ * text, about 0.45 s; Detokenize), so that many of them do not stall every stream. Meanwhile the
+ * loop goes on answering every other call. Each thread runs its jobs one at a time, in order. A
+ * model's load ends by dispatching the call's request again (call_dispatch), the model pinned by
+ * the job until then.
  *
- * Ownership: the loop thread parses the request and queues a job (loader_submit); the call keeps
- * a pointer to it (call.load_job), and call_maybe_free keeps the call while it is set, so a
- * client cancel or a deadline during the load never frees the call under the loader. The loader
- * touches only the job and the engine (thread-safe), never the call: it puts the finished job on
- * the done list and wakes the loop, which answers the call there (loader_drain: call_reply /
+ * Ownership: the loop thread parses the request and queues a job (loader_submit,
+ * loader_submit_model, loader_submit_work); the call keeps a pointer to it (call.load_job), and
+ * call_maybe_free keeps the call while it is set, so a client cancel or a deadline during the job
+ * never frees the call under the thread. A thread touches only the job, the engine (thread-safe)
+ * and the call's pinned model (read only), never the call's state: it puts the finished job on
+ * its done list and wakes the loop, which answers the call there (loader_drain: call_reply /
  * call_fail do nothing to a call that has ended) and lets it be freed. A job whose call ended
- * before its load started is skipped. A load that finished for a call that has ended stays
- * loaded (the client may list and unload it). Drain: the server's loop runs until every call is
- * freed, so it waits for a load in progress; the engine is freed after the loader stopped.
+ * before it started is skipped. A load that finished for a call that has ended stays loaded (the
+ * client may list and unload it). Drain: the server's loop runs until every call is freed, so it
+ * waits for a job in progress; the engine is freed after the threads stopped.
  *
- * Test hook: $SHARDLM_TEST_LOAD_DELAY_S (seconds, read once when the thread starts) makes every
- * load wait that long first, so that tests can show other calls answered during a slow load.
+ * Test hooks (seconds, read once when a thread starts): $SHARDLM_TEST_LOAD_DELAY_S makes every
+ * load wait that long first, $SHARDLM_TEST_WORK_DELAY_S every work job, so that tests can show
+ * other calls answered meanwhile.
  * Not here: parsing and the other methods (methods.c), the call's state machine (call.c).
  * Tests: tests/server/test_lora_serving.py (run_time: a FIFO refused at once, calls answered
  * during a slow load, a client cancel during a load); tests/server/test_models_lru.py (gRPC calls
- * for a model not loaded: Generate, GetModelInfo, answered after its load, other calls during it). */
+ * for a model not loaded: Generate, GetModelInfo, answered after its load, other calls during it);
+ * tests/server/test_server.py (group work: calls answered during a slow Tokenize). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,14 +37,18 @@
 
 void loader_init(struct server *s)
 {
-    pthread_mutex_init(&s->load_mu, NULL);
-    pthread_cond_init(&s->load_cv, NULL);
+    for (int i = 0; i < LANE_COUNT; i++) {
+        pthread_mutex_init(&s->lanes[i].mu, NULL);
+        pthread_cond_init(&s->lanes[i].cv, NULL);
+    }
 }
 
 void loader_destroy(struct server *s)
 {
-    pthread_mutex_destroy(&s->load_mu);
-    pthread_cond_destroy(&s->load_cv);
+    for (int i = 0; i < LANE_COUNT; i++) {
+        pthread_mutex_destroy(&s->lanes[i].mu);
+        pthread_cond_destroy(&s->lanes[i].cv);
+    }
 }
 
 static void job_free(struct load_job *j)
@@ -65,13 +75,18 @@ static void find_adapter(void *ctx, const struct engine_adapter_info *a)
     q->n++;
 }
 
-/* Loader thread: the load itself, its outcome into j. */
-static void job_run(struct server *s, struct load_job *j)
+/* A loader thread: the load or the work itself, its outcome into j. */
+static void job_run(struct server *s, struct job_lane *lane, struct load_job *j)
 {
-    if (s->load_test_delay_s > 0) {
-        struct timespec ts = {(time_t)s->load_test_delay_s,
-                              (long)((s->load_test_delay_s - (double)(time_t)s->load_test_delay_s) * 1e9)};
+    if (lane->test_delay_s > 0) {
+        struct timespec ts = {(time_t)lane->test_delay_s,
+                              (long)((lane->test_delay_s - (double)(time_t)lane->test_delay_s) * 1e9)};
         nanosleep(&ts, NULL);
+    }
+    if (j->work) {
+        j->st = j->work(j);
+        if (j->st != STATUS_OK) snprintf(j->message, sizeof j->message, "%s", status_message());
+        return;
     }
     if (j->wakes_model) {
         j->st = server_acquire(s, j->name, 1, &j->pinned);
@@ -92,55 +107,68 @@ static void job_run(struct server *s, struct load_job *j)
     if (st != STATUS_OK) snprintf(j->message, sizeof j->message, "%s", status_message());
 }
 
+struct lane_arg {
+    struct server   *s;
+    struct job_lane *lane;
+};
+
 static void *loader_main(void *arg)
 {
-    struct server *s = arg;
-    pthread_mutex_lock(&s->load_mu);
+    struct lane_arg a = *(struct lane_arg *)arg;
+    free(arg);
+    struct job_lane *lane = a.lane;
+    pthread_mutex_lock(&lane->mu);
     for (;;) {
-        while (!s->load_todo && !s->loader_stop) pthread_cond_wait(&s->load_cv, &s->load_mu);
-        struct load_job *j = s->load_todo;
+        while (!lane->todo && !lane->stop) pthread_cond_wait(&lane->cv, &lane->mu);
+        struct load_job *j = lane->todo;
         if (!j) break; /* stopping, nothing left */
-        s->load_todo = j->next;
-        if (!s->load_todo) s->load_todo_tail = NULL;
-        pthread_mutex_unlock(&s->load_mu);
+        lane->todo = j->next;
+        if (!lane->todo) lane->todo_tail = NULL;
+        pthread_mutex_unlock(&lane->mu);
         if (atomic_load(&j->abandoned)) {
             j->st = STATUS_CANCELLED;
-            snprintf(j->message, sizeof j->message, "the call ended before the load started");
+            snprintf(j->message, sizeof j->message, "the call ended before its %s started", j->work ? "work" : "load");
         } else {
-            job_run(s, j);
+            job_run(a.s, lane, j);
         }
-        pthread_mutex_lock(&s->load_mu);
-        j->next = s->load_done;
-        s->load_done = j;
-        pthread_mutex_unlock(&s->load_mu);
-        server_wake(s);
-        pthread_mutex_lock(&s->load_mu);
+        pthread_mutex_lock(&lane->mu);
+        j->next = lane->done;
+        lane->done = j;
+        pthread_mutex_unlock(&lane->mu);
+        server_wake(a.s);
+        pthread_mutex_lock(&lane->mu);
     }
-    pthread_mutex_unlock(&s->load_mu);
+    pthread_mutex_unlock(&lane->mu);
     return NULL;
 }
 
-/* Starts the loader thread on first use and queues j for it (c keeps it: call.load_job). */
+/* Starts j's thread on first use and queues j for it (c keeps it: call.load_job). */
 static enum status job_queue(struct call *c, struct load_job *j)
 {
     struct server *s = c->s;
+    const int k = j->work ? LANE_WORK : LANE_LOAD;
+    struct job_lane *lane = &s->lanes[k];
     j->call = c;
     atomic_init(&j->abandoned, 0);
-    if (!s->loader_started) {
-        s->load_test_delay_s = server_test_delay("SHARDLM_TEST_LOAD_DELAY_S");
-        if (pthread_create(&s->loader, NULL, loader_main, s) != 0) {
+    if (!lane->started) {
+        lane->test_delay_s = server_test_delay(k == LANE_WORK ? "SHARDLM_TEST_WORK_DELAY_S" : "SHARDLM_TEST_LOAD_DELAY_S");
+        struct lane_arg *a = malloc(sizeof *a);
+        if (a) *a = (struct lane_arg){s, lane};
+        if (!a || pthread_create(&lane->thread, NULL, loader_main, a) != 0) {
+            free(a);
             job_free(j);
-            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "cannot start the loader thread");
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "cannot start the loader's %s thread",
+                                 k == LANE_WORK ? "work" : "load");
         }
-        s->loader_started = 1;
+        lane->started = 1;
     }
     c->load_job = j;
-    pthread_mutex_lock(&s->load_mu);
-    if (s->load_todo_tail) s->load_todo_tail->next = j;
-    else s->load_todo = j;
-    s->load_todo_tail = j;
-    pthread_cond_signal(&s->load_cv);
-    pthread_mutex_unlock(&s->load_mu);
+    pthread_mutex_lock(&lane->mu);
+    if (lane->todo_tail) lane->todo_tail->next = j;
+    else lane->todo = j;
+    lane->todo_tail = j;
+    pthread_cond_signal(&lane->cv);
+    pthread_mutex_unlock(&lane->mu);
     return STATUS_OK;
 }
 
@@ -159,56 +187,86 @@ void loader_submit(struct call *c, char *name, char *path)
     if (st != STATUS_OK) call_fail_status(c, st, status_message());
 }
 
-enum status loader_submit_model(struct call *c, const char *name, const uint8_t *data, size_t len)
+/* A job holding a copy of data[0..len), or NULL (out of memory). */
+static struct load_job *job_with_request(const uint8_t *data, size_t len)
 {
     struct load_job *j = calloc(1, sizeof *j);
-    if (j) j->name = strdup(name ? name : ""), j->request = malloc(len ? len : 1);
-    if (!j || !j->name || !j->request) {
+    if (j && !(j->request = malloc(len ? len : 1))) {
+        free(j);
+        return NULL;
+    }
+    if (j && len) memcpy(j->request, data, len);
+    if (j) j->request_len = len;
+    return j;
+}
+
+enum status loader_submit_model(struct call *c, const char *name, const uint8_t *data, size_t len)
+{
+    struct load_job *j = job_with_request(data, len);
+    if (j) j->name = strdup(name ? name : "");
+    if (!j || !j->name) {
         job_free(j);
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory queueing a model's load");
     }
-    if (len) memcpy(j->request, data, len);
-    j->request_len = len;
     j->wakes_model = 1;
     return job_queue(c, j);
 }
 
+enum status loader_submit_work(struct call *c, call_work_fn work, call_then_fn then, void *ctx, const uint8_t *data,
+                               size_t len)
+{
+    struct load_job *j = job_with_request(data, len);
+    if (!j) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory queueing %s", call_method_name(c->method));
+    j->work = work;
+    j->then = then;
+    j->ctx = ctx;
+    return job_queue(c, j); /* on an error it freed j, not ctx */
+}
+
 void loader_drain(struct server *s)
 {
-    if (!s->loader_started) return;
-    pthread_mutex_lock(&s->load_mu);
-    struct load_job *done = s->load_done;
-    s->load_done = NULL;
-    pthread_mutex_unlock(&s->load_mu);
-    while (done) {
-        struct load_job *j = done;
-        done = j->next;
-        struct call *c = j->call;
-        c->load_job = NULL;
-        if (j->wakes_model) {
-            /* The model is loaded (and pinned by the job): the call's request runs now. */
-            if (j->st != STATUS_OK) call_fail_status(c, j->st, j->message);
-            else if (!c->close_done && !c->send_has_status) call_dispatch(c, j->request, j->request_len);
-            server_release(s, j->pinned);
-        } else if (j->st == STATUS_OK) {
-            call_reply(c, j->out, j->out_len); /* takes j->out */
-            j->out = NULL;
-        } else {
-            call_fail_status(c, j->st, j->message);
+    for (int k = 0; k < LANE_COUNT; k++) {
+        struct job_lane *lane = &s->lanes[k];
+        if (!lane->started) continue;
+        pthread_mutex_lock(&lane->mu);
+        struct load_job *done = lane->done;
+        lane->done = NULL;
+        pthread_mutex_unlock(&lane->mu);
+        while (done) {
+            struct load_job *j = done;
+            done = j->next;
+            struct call *c = j->call;
+            c->load_job = NULL;
+            if (j->then) {
+                j->then(j); /* takes j->ctx */
+            } else if (j->wakes_model) {
+                /* The model is loaded (and pinned by the job): the call's request runs now. */
+                if (j->st != STATUS_OK) call_fail_status(c, j->st, j->message);
+                else if (!c->close_done && !c->send_has_status) call_dispatch(c, j->request, j->request_len);
+                server_release(s, j->pinned);
+            } else if (j->st == STATUS_OK) {
+                call_reply(c, j->out, j->out_len); /* takes j->out */
+                j->out = NULL;
+            } else {
+                call_fail_status(c, j->st, j->message);
+            }
+            job_free(j);
+            call_maybe_free(c);
         }
-        job_free(j);
-        call_maybe_free(c);
     }
 }
 
 void loader_stop(struct server *s)
 {
-    if (!s->loader_started) return;
-    pthread_mutex_lock(&s->load_mu);
-    s->loader_stop = 1;
-    pthread_cond_signal(&s->load_cv);
-    pthread_mutex_unlock(&s->load_mu);
-    pthread_join(s->loader, NULL);
-    s->loader_started = 0;
-    CHECK(!s->load_todo && !s->load_done, "adapter loads left after the last call was freed");
+    for (int k = 0; k < LANE_COUNT; k++) {
+        struct job_lane *lane = &s->lanes[k];
+        if (!lane->started) continue;
+        pthread_mutex_lock(&lane->mu);
+        lane->stop = 1;
+        pthread_cond_signal(&lane->cv);
+        pthread_mutex_unlock(&lane->mu);
+        pthread_join(lane->thread, NULL);
+        lane->started = 0;
+        CHECK(!lane->todo && !lane->done, "loader jobs left after the last call was freed");
+    }
 }

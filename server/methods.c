@@ -52,6 +52,17 @@ static enum status detokenize(const struct served_model *m, const uint8_t *data,
     return st;
 }
 
+/* The two on the loader's work thread (loader_submit_work). */
+static enum status tokenize_job(struct load_job *j)
+{
+    return tokenize(j->call->m, j->request, j->request_len, &j->out, &j->out_len);
+}
+
+static enum status detokenize_job(struct load_job *j)
+{
+    return detokenize(j->call->m, j->request, j->request_len, &j->out, &j->out_len);
+}
+
 /* Cancel: only the caller's own requests (the same API key's, any call without keys); another
  * key's request id is answered as one that does not exist. */
 static enum status cancel(struct call *c, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
@@ -209,8 +220,12 @@ void methods_handle(struct call *c, const uint8_t *data, size_t len)
     if (names_model(c->method, &which) && (st = pin_model(c, which, data, len)) == STATUS_OK && !c->m)
         return; /* loading its model: call_dispatch brings it back */
     if (st == STATUS_OK) switch (c->method) {
-    case METHOD_TOKENIZE: st = tokenize(c->m, data, len, &out, &out_len); break;
-    case METHOD_DETOKENIZE: st = detokenize(c->m, data, len, &out, &out_len); break;
+    case METHOD_TOKENIZE: /* on the loader's work thread: up to 1 MiB of text (loader.c) */
+        if ((st = loader_submit_work(c, tokenize_job, NULL, NULL, data, len)) == STATUS_OK) return;
+        break;
+    case METHOD_DETOKENIZE:
+        if ((st = loader_submit_work(c, detokenize_job, NULL, NULL, data, len)) == STATUS_OK) return;
+        break;
     case METHOD_CANCEL: st = cancel(c, data, len, &out, &out_len); break;
     case METHOD_MODEL_INFO: st = model_info(c, c->m, &out, &out_len); break;
     case METHOD_SERVER_STATS: st = server_stats(s, c->m, &out, &out_len); break;

@@ -188,16 +188,24 @@ struct call {
     /* health watch */
     int            watch_last;    /* last status sent, 0 = none */
     int            watch_unknown; /* watching a service we do not know */
-    /* LoadAdapter */
-    struct load_job *load_job;    /* its load while the loader thread has it: the call is not
-                                     freed before the job comes back (loader.c) */
+    /* LoadAdapter, a model's load, Tokenize / Detokenize */
+    struct load_job *load_job;    /* its load or work while a loader thread has it: the call is
+                                     not freed before the job comes back (loader.c) */
     /* Embed */
     struct embed_rpc *embed_rpc;  /* its request while the engine has it: the call is not freed
                                      before it comes back (embed.c) */
 };
 
-/* One LoadAdapter's work, done on the loader thread (loader.c). The loop thread owns it except
- * between loader_submit and its return on the done list. */
+/* A method's work on the loader's work thread (loader_submit_work): it reads only j's request
+ * (request, ctx) and the call's pinned model (j->call->m, nothing else of the call), and writes
+ * the response (out) or into ctx. Then, on the loop thread, j's then (when set) answers the call
+ * or goes on with it; else the loop answers it with out or the error. */
+struct load_job;
+typedef enum status (*call_work_fn)(struct load_job *j);
+typedef void (*call_then_fn)(struct load_job *j);
+
+/* One LoadAdapter's load, a model's load or a method's work, done on a loader thread (loader.c).
+ * The loop thread owns it except between its submit and its return on the done list. */
 struct load_job {
     struct load_job *next;
     struct call     *call;       /* the call to answer (borrowed; kept alive by call.load_job) */
@@ -209,12 +217,27 @@ struct load_job {
     size_t           request_len;
     int              wakes_model;
     struct served_model *pinned;
+    call_work_fn     work;       /* a method's work (loader_submit_work), or NULL */
+    call_then_fn     then;       /* after it, on the loop (takes ctx; st may be STATUS_CANCELLED), or NULL */
+    void            *ctx;        /* the work's own state */
     atomic_int       abandoned;  /* the call ended (client cancel, deadline, shutdown) before
                                     the load started: the loader skips it */
     enum status      st;         /* the outcome, set on the loader thread */
     char             message[1024];
     uint8_t         *out;        /* the response when st is STATUS_OK (out_len bytes) */
     size_t           out_len;
+};
+
+/* One of the loader's threads and its queue (loader.c). */
+enum job_lane_kind { LANE_LOAD, LANE_WORK, LANE_COUNT };
+struct job_lane {
+    pthread_t        thread;
+    int              started, stop;
+    pthread_mutex_t  mu;
+    pthread_cond_t   cv;
+    struct load_job *todo, *todo_tail;  /* waiting for the thread, in order */
+    struct load_job *done;              /* finished, for the loop to answer */
+    double           test_delay_s;      /* $SHARDLM_TEST_LOAD_DELAY_S / $SHARDLM_TEST_WORK_DELAY_S (tests) */
 };
 
 struct request_slot {
@@ -363,14 +386,9 @@ struct server {
     char                  boot_id[16];          /* hex, new at every start: journaled ids are unique */
     long long             t_created;            /* Unix seconds at start */
     struct metrics       *metrics;
-    /* the loader thread (LoadAdapter off the loop: loader.c) */
-    pthread_t             loader;
-    int                   loader_started, loader_stop;
-    pthread_mutex_t       load_mu;
-    pthread_cond_t        load_cv;
-    struct load_job      *load_todo, *load_todo_tail; /* waiting for the loader, in order */
-    struct load_job      *load_done;                  /* finished, for the loop to answer */
-    double                load_test_delay_s;          /* $SHARDLM_TEST_LOAD_DELAY_S (tests) */
+    /* the loader's two threads, off the loop (loader.c): LANE_LOAD for loads (LoadAdapter, a
+     * model not loaded), LANE_WORK for a call's CPU work (Tokenize, Detokenize) */
+    struct job_lane       lanes[LANE_COUNT];
 };
 
 /* The values of grpc.health.v1.HealthCheckResponse.ServingStatus that the server sends. */
@@ -649,9 +667,15 @@ void loader_submit(struct call *c, char *name, char *path);
 /* Loop thread. Queues the load of model `name` for c (call_pin_model), with a copy of its
  * request data[0..len). */
 enum status loader_submit_model(struct call *c, const char *name, const uint8_t *data, size_t len);
-/* Loop thread: answers the calls whose loads have finished, and frees the jobs. */
+/* Loop thread. Queues work on c's request data[0..len) (copied) and ctx for the work thread,
+ * started on first use, so that a long tokenization does not hold up every other call; then
+ * (or, without one, the answer: work's response or its error) runs from loader_drain. c->m is
+ * pinned by the call. On an error nothing was queued (ctx stays the caller's). */
+enum status loader_submit_work(struct call *c, call_work_fn work, call_then_fn then, void *ctx, const uint8_t *data,
+                               size_t len);
+/* Loop thread: answers the calls whose loads or work have finished, and frees the jobs. */
 void loader_drain(struct server *s);
-/* After the loop, once no call is left (so no job is out): stops and joins the loader thread. */
+/* After the loop, once no call is left (so no job is out): stops and joins the loader's threads. */
 void loader_stop(struct server *s);
 /* Init / destroy of the loader's lock and condition (server_run). */
 void loader_init(struct server *s);

@@ -425,6 +425,82 @@ def group_deadline(env):
         check(len(g.token_ids) == 16, "request within its deadline completes")
 
 
+def group_work(env):
+    """Tokenize, Detokenize and Embed's tokenization run on the loader's work thread
+    (server/loader.c), not on the gRPC loop (a Tokenize of 1 MiB of text takes about 0.45 s, an
+    Embed of 2,048 inputs more: many at once stalled every stream). With each job slowed by 2 s
+    (SHARDLM_TEST_WORK_DELAY_S), a GetModelInfo, a Generate and a health check sent during a
+    Tokenize, and again during an Embed, are answered well before it ends; the Tokenize's, the
+    Detokenize's and the Embed's answers equal a plain server's; a Tokenize or an Embed whose client
+    gave up (its deadline) is DEADLINE_EXCEEDED, and the server goes on; a SIGTERM during one
+    drains cleanly."""
+    text = "Once upon a time, there was a little dog."
+    with Server(env.shardlm, env.model, name="work-plain") as srv, srv.client() as c:
+        want_ids = c.tokenize(text)
+        want_text = c.detokenize(want_ids)
+        want_vec = c.embed([text, "The sun"]).vectors
+    delay = 2.0
+    with Server(env.shardlm, env.model, name="work", env={**os.environ, "SHARDLM_TEST_WORK_DELAY_S": str(delay)}) as srv, \
+            srv.client(timeout=30) as c:
+        c.generate("hi", max_tokens=2)  # connected and warm
+        got = {}
+
+        def tokenize(key, timeout=None):
+            t0 = time.time()
+            try:
+                got[key] = (c.tokenize(text, timeout=timeout), time.time() - t0)
+            except grpc.RpcError as e:
+                got[key] = (e.code().name, time.time() - t0)
+        t = threading.Thread(target=tokenize, args=("slow",))
+        t.start()
+        time.sleep(0.3)
+        t0 = time.time()
+        c.model_info()
+        c.generate("Once", max_tokens=4)
+        health = health_check(srv.target)
+        answered = time.time() - t0
+        check("slow" not in got and answered < delay - 0.5,
+              f"calls during a slow Tokenize: answered in {answered:.2f} s (health {health}), the Tokenize {got.get('slow')}")
+        t.join(timeout=30)
+        check(got.get("slow", (None, 0))[0] == want_ids and got["slow"][1] >= delay,
+              f"the slow Tokenize: {got.get('slow')} (want {want_ids} after {delay} s)")
+        check(c.detokenize(want_ids) == want_text, "Detokenize on the work thread: a plain server's text")
+        tokenize("gone", 0.5)
+        check(got["gone"][0] == "DEADLINE_EXCEEDED", f"a Tokenize whose client gave up: {got['gone']}")
+        check(c.tokenize(text) == want_ids, "the server goes on after it")
+
+        def embed(key, timeout=None):
+            t0 = time.time()
+            try:
+                got[key] = (c.embed([text, "The sun"], timeout=timeout).vectors, time.time() - t0)
+            except grpc.RpcError as e:
+                got[key] = (e.code().name, time.time() - t0)
+        t = threading.Thread(target=embed, args=("embed",))
+        t.start()
+        time.sleep(0.3)
+        t0 = time.time()
+        c.model_info()
+        c.generate("Once", max_tokens=4)
+        answered = time.time() - t0
+        check("embed" not in got and answered < delay - 0.5,
+              f"calls during a slow Embed: answered in {answered:.2f} s, the Embed {got.get('embed', ('?', 0))[1]}")
+        t.join(timeout=30)
+        vec, took = got.get("embed", (None, 0))
+        same = isinstance(vec, list) and len(vec) == 2 and all(
+            max(abs(x - y) for x, y in zip(u, v)) < 1e-5 for u, v in zip(vec, want_vec))
+        check(same and took >= delay, f"the slow Embed: a plain server's vectors ({same}) after {took:.2f} s")
+        embed("embed-gone", 0.5)
+        check(got["embed-gone"][0] == "DEADLINE_EXCEEDED", f"an Embed whose client gave up: {got['embed-gone']}")
+        time.sleep(delay)  # its job ends and is dropped
+        check(c.embed([text, "The sun"]).vectors is not None, "the server goes on after it")
+        t = threading.Thread(target=tokenize, args=("late",))
+        t.start()
+        time.sleep(0.3)
+        srv.terminate()
+        t.join(timeout=30)
+        check(got.get("late", ("?",))[0] in (want_ids, "UNAVAILABLE", "CANCELLED"), f"a Tokenize during the drain: {got}")
+
+
 def raw_call(target, method, payload: bytes, timeout=10):
     """Calls a method with raw request bytes (for messages Python would refuse to build)."""
     with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
@@ -1014,7 +1090,7 @@ GROUPS = {"basic": group_basic, "concurrency": group_concurrency, "cancel": grou
           "invalid": group_invalid, "drain": group_drain, "drain_load": group_drain_load, "drain_load_tp2": group_drain_load_tp2, "idle": group_idle, "auth": group_auth, "tls": group_tls,
           "reflection": group_reflection, "nul_in": group_nul_in, "nul_out": group_nul_out,
           "merge": group_merge, "queue_samples": group_queue_samples,
-          "prompt_bound": group_prompt_bound}
+          "prompt_bound": group_prompt_bound, "work": group_work}
 
 
 def main():
