@@ -686,6 +686,110 @@ static char *gen_new_id(struct server *s)
     return strdup(id);
 }
 
+/* A Generate or Chat call's prompt, built on the loader's work thread (the template rendered
+ * with the tools, tool calls and reasoning, the text tokenized: up to a 4 MiB message, seconds
+ * of work that must not stall every stream), from gen_start to gen_prepared. */
+struct gen_prep {
+    struct gen_request r;
+    struct chat_parse  chat;
+    int32_t           *ids;
+    int                n_ids, is_chat;
+};
+
+static enum status gen_prep_job(struct load_job *j)
+{
+    struct gen_prep *p = j->ctx;
+    return gen_build_prompt(j->call->m, &p->r, p->is_chat, &p->chat, &p->ids, &p->n_ids);
+}
+
+/* The rest of gen_start, on the loop, once the prompt is built (st its outcome): the request id,
+ * the deadline, the engine's checks, the journal's ACCEPT, and the engine. Frees r and ids. */
+static void gen_submit(struct call *c, const uint8_t *data, size_t len, int is_chat, struct gen_request *r,
+                       int32_t *ids, int n_ids, enum status st, const char *message)
+{
+    struct server *s = c->s;
+    (void)is_chat;
+    if (st == STATUS_OK && atomic_load(&s->phase) != PHASE_READY)
+        st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down"), message = status_message();
+    if (st == STATUS_OK) {
+        if (r->request_id[0]) {
+            if (gen_find_call(s, r->request_id))
+                st = status_errorf(STATUS_ALREADY_EXISTS, "request_id '%s' is already in use by a running request",
+                                   r->request_id);
+            else
+                c->request_id = strdup(r->request_id);
+        } else {
+            c->request_id = gen_new_id(s);
+        }
+        if (st == STATUS_OK && !c->request_id) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        message = NULL;
+    }
+    /* Every numeric limit (token ids against the vocabulary, top_k, ...) is the engine's:
+     * engine_validate below, the one validator. */
+    double deadline_unix = 0;
+    if (st == STATUS_OK && gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) < 0) {
+        double left = gpr_timespec_to_micros(gpr_time_sub(c->deadline, gpr_now(c->deadline.clock_type))) * 1e-6;
+        if (left <= 0) st = status_errorf(STATUS_DEADLINE_EXCEEDED, "the deadline passed before the request started");
+        else r->params.deadline = base_now_s() + left;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        deadline_unix = (double)now.tv_sec + now.tv_nsec * 1e-9 + left;
+    }
+    r->params.client = c->client;
+    r->params.owner = c->owner; /* its learned answers draft for its owner alone (engine.h) */
+    if (st == STATUS_OK) st = gen_resolve_adapter(c->m, r);
+    if (st == STATUS_OK) st = engine_validate(c->m->engine, ids, n_ids, &r->params);
+    if (st == STATUS_OK) {
+        c->n_samples = r->params.n;
+        c->samples = calloc((size_t)c->n_samples, sizeof *c->samples);
+        if (c->chat.on && is_streaming(c->method))
+            c->chat_streams = calloc((size_t)c->n_samples, sizeof *c->chat_streams);
+        if (!c->samples || (c->chat.on && is_streaming(c->method) && !c->chat_streams))
+            st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    /* With the journal, the ACCEPT is on disk before the engine sees the request. */
+    if (st == STATUS_OK && s->journal) test_pause(c, s->test_pause_accept_s, "SHARDLM_TEST_PAUSE_BEFORE_ACCEPT_S");
+    if (st == STATUS_OK && s->journal) st = grpc_journal_accept(c, data, len, &r->params, deadline_unix);
+    if (st == STATUS_OK) {
+        c->n_prompt_tokens = n_ids;
+        c->engine_active = c->n_samples; /* before submit: events may arrive at once */
+        /* With --journal-detach-grace the request is a job from the start, read by this call
+         * (grpc_resume.c): a client that goes away can reattach while it runs on. */
+        if (c->journaled && s->opts.journal_detach_grace_s > 0)
+            st = grpc_resume_first_run(c, data, len, ids, n_ids, &r->params, deadline_unix);
+        else st = engine_submit(c->m->engine, c->request_id, ids, n_ids, &r->params, on_engine_event, c, &c->handle);
+        if (st != STATUS_OK) c->engine_active = 0;
+    }
+    if (st != STATUS_OK) {
+        call_fail_status(c, st, message ? message : status_message());
+    } else {
+        c->submitted = 1;
+        LOG_DEBUG("server", "req=%s method=%s submitted: prompt_tokens=%d max_tokens=%d n=%d", c->request_id,
+                  call_method_name(c->method), n_ids, r->params.max_tokens, r->params.n);
+        /* Streams get their headers at once, so that clients see the call is accepted; so do
+         * journaled unary calls, whose headers carry the resume token. */
+        if (c->journaled || c->job) test_pause(c, s->test_pause_headers_s, "SHARDLM_TEST_PAUSE_BEFORE_HEADERS_S");
+        if ((is_streaming(c->method) || c->journaled || c->job) && !c->close_done)
+            call_send(c, NULL, 0, 0, GRPC_STATUS_OK, NULL);
+    }
+    free(ids);
+    gen_request_free(r);
+}
+
+/* The loop, after gen_prep_job (or a call that ended before it ran). */
+static void gen_prepared(struct load_job *j)
+{
+    struct gen_prep *p = j->ctx;
+    struct call *c = j->call;
+    enum status st = j->st;
+    const char *message = j->message;
+    if (st == STATUS_OK && (c->close_done || c->send_has_status)) /* the client went away meanwhile */
+        st = STATUS_CANCELLED, message = "the call ended while its prompt was built";
+    c->chat = p->chat; /* the call's now (gen_call_release frees it) */
+    gen_submit(c, j->request, j->request_len, p->is_chat, &p->r, p->ids, p->n_ids, st, message);
+    free(p);
+}
+
 void gen_start(struct call *c, const uint8_t *data, size_t len)
 {
     struct server *s = c->s;
@@ -697,80 +801,24 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
         call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "metadata shardlm-resume-from goes with shardlm-resume-token");
         return;
     }
-    int is_chat = c->method == METHOD_CHAT || c->method == METHOD_CHAT_STREAM;
-    struct gen_request r;
-    int32_t *ids = NULL;
-    int n_ids = 0;
-    enum status st = convert_gen_request(data, len, is_chat, &r);
-    if (st == STATUS_OK) st = check_adapter(s, &r, c->owner);
+    struct gen_prep *p = calloc(1, sizeof *p);
+    if (!p) {
+        call_fail_status(c, STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    p->is_chat = c->method == METHOD_CHAT || c->method == METHOD_CHAT_STREAM;
+    enum status st = convert_gen_request(data, len, p->is_chat, &p->r);
+    if (st == STATUS_OK) st = check_adapter(s, &p->r, c->owner);
     if (st == STATUS_OK && atomic_load(&s->phase) != PHASE_READY)
         st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down");
     /* The model first: the prompt is its tokenizer's and its template's. */
-    if (st == STATUS_OK && (st = call_pin_model(c, r.adapter, data, len)) == STATUS_OK && !c->m) {
-        gen_request_free(&r); /* its model is loading: call_dispatch brings the request back */
+    if (st == STATUS_OK && (st = call_pin_model(c, p->r.adapter, data, len)) == STATUS_OK && !c->m) {
+        gen_request_free(&p->r); /* its model is loading: call_dispatch brings the request back */
+        free(p);
         return;
     }
-    if (st == STATUS_OK) st = gen_build_prompt(c->m, &r, is_chat, &c->chat, &ids, &n_ids);
-    if (st == STATUS_OK) {
-        if (r.request_id[0]) {
-            if (gen_find_call(s, r.request_id))
-                st = status_errorf(STATUS_ALREADY_EXISTS, "request_id '%s' is already in use by a running request",
-                                   r.request_id);
-            else
-                c->request_id = strdup(r.request_id);
-        } else {
-            c->request_id = gen_new_id(s);
-        }
-        if (st == STATUS_OK && !c->request_id) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    /* Every numeric limit (token ids against the vocabulary, top_k, ...) is the engine's:
-     * engine_validate below, the one validator. */
-    double deadline_unix = 0;
-    if (st == STATUS_OK && gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) < 0) {
-        double left = gpr_timespec_to_micros(gpr_time_sub(c->deadline, gpr_now(c->deadline.clock_type))) * 1e-6;
-        if (left <= 0) st = status_errorf(STATUS_DEADLINE_EXCEEDED, "the deadline passed before the request started");
-        else r.params.deadline = base_now_s() + left;
-        struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
-        deadline_unix = (double)now.tv_sec + now.tv_nsec * 1e-9 + left;
-    }
-    r.params.client = c->client;
-    r.params.owner = c->owner; /* its learned answers draft for its owner alone (engine.h) */
-    if (st == STATUS_OK) st = gen_resolve_adapter(c->m, &r);
-    if (st == STATUS_OK) st = engine_validate(c->m->engine, ids, n_ids, &r.params);
-    if (st == STATUS_OK) {
-        c->n_samples = r.params.n;
-        c->samples = calloc((size_t)c->n_samples, sizeof *c->samples);
-        if (c->chat.on && is_streaming(c->method))
-            c->chat_streams = calloc((size_t)c->n_samples, sizeof *c->chat_streams);
-        if (!c->samples || (c->chat.on && is_streaming(c->method) && !c->chat_streams))
-            st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    /* With the journal, the ACCEPT is on disk before the engine sees the request. */
-    if (st == STATUS_OK && s->journal) test_pause(c, s->test_pause_accept_s, "SHARDLM_TEST_PAUSE_BEFORE_ACCEPT_S");
-    if (st == STATUS_OK && s->journal) st = grpc_journal_accept(c, data, len, &r.params, deadline_unix);
-    if (st == STATUS_OK) {
-        c->n_prompt_tokens = n_ids;
-        c->engine_active = c->n_samples; /* before submit: events may arrive at once */
-        /* With --journal-detach-grace the request is a job from the start, read by this call
-         * (grpc_resume.c): a client that goes away can reattach while it runs on. */
-        if (c->journaled && s->opts.journal_detach_grace_s > 0)
-            st = grpc_resume_first_run(c, data, len, ids, n_ids, &r.params, deadline_unix);
-        else st = engine_submit(c->m->engine, c->request_id, ids, n_ids, &r.params, on_engine_event, c, &c->handle);
-        if (st != STATUS_OK) c->engine_active = 0;
-    }
-    if (st != STATUS_OK) {
-        call_fail_status(c, st, status_message());
-    } else {
-        c->submitted = 1;
-        LOG_DEBUG("server", "req=%s method=%s submitted: prompt_tokens=%d max_tokens=%d n=%d", c->request_id,
-                  call_method_name(c->method), n_ids, r.params.max_tokens, r.params.n);
-        /* Streams get their headers at once, so that clients see the call is accepted; so do
-         * journaled unary calls, whose headers carry the resume token. */
-        if (c->journaled || c->job) test_pause(c, s->test_pause_headers_s, "SHARDLM_TEST_PAUSE_BEFORE_HEADERS_S");
-        if ((is_streaming(c->method) || c->journaled || c->job) && !c->close_done)
-            call_send(c, NULL, 0, 0, GRPC_STATUS_OK, NULL);
-    }
-    free(ids);
-    gen_request_free(&r);
+    if (st == STATUS_OK && (st = loader_submit_work(c, LANE_GEN, gen_prep_job, gen_prepared, p, data, len)) == STATUS_OK)
+        return; /* goes on in gen_prepared */
+    gen_submit(c, data, len, p->is_chat, &p->r, NULL, 0, st, status_message());
+    free(p);
 }

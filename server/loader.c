@@ -3,8 +3,11 @@
  * take seconds, or hang on a dead network mount), and loads the served model that a gRPC call
  * names when it is not loaded (serve --models-max, --sleep-idle-seconds: server_acquire). The
  * work thread runs the methods whose CPU work grows with the request (Tokenize of up to 1 MiB of
- * text, about 0.45 s; Detokenize), so that many of them do not stall every stream. Meanwhile the
- * loop goes on answering every other call. Each thread runs its jobs one at a time, in order. A
+ * text, about 0.45 s; Detokenize; Embed's tokenization), the prompt thread Generate's and Chat's
+ * prompts (the template with the tools, the tokenizer), so that many of them do not stall every
+ * stream. Meanwhile the loop goes on answering every other call. Each thread runs its jobs one at
+ * a time, in order (a Chat with megabytes of tools delays the next Chat's start, not the running
+ * streams nor a Tokenize). A
  * model's load ends by dispatching the call's request again (call_dispatch), the model pinned by
  * the job until then.
  *
@@ -20,13 +23,13 @@
  * waits for a job in progress; the engine is freed after the threads stopped.
  *
  * Test hooks (seconds, read once when a thread starts): $SHARDLM_TEST_LOAD_DELAY_S makes every
- * load wait that long first, $SHARDLM_TEST_WORK_DELAY_S every work job, so that tests can show
- * other calls answered meanwhile.
+ * load wait that long first, $SHARDLM_TEST_WORK_DELAY_S every work job, $SHARDLM_TEST_GEN_DELAY_S
+ * every prompt, so that tests can show other calls answered meanwhile.
  * Not here: parsing and the other methods (methods.c), the call's state machine (call.c).
  * Tests: tests/server/test_lora_serving.py (run_time: a FIFO refused at once, calls answered
  * during a slow load, a client cancel during a load); tests/server/test_models_lru.py (gRPC calls
  * for a model not loaded: Generate, GetModelInfo, answered after its load, other calls during it);
- * tests/server/test_server.py (group work: calls answered during a slow Tokenize). */
+ * tests/server/test_server.py (group work: calls answered during a slow Tokenize, Embed, Generate). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,19 +149,21 @@ static void *loader_main(void *arg)
 static enum status job_queue(struct call *c, struct load_job *j)
 {
     struct server *s = c->s;
-    const int k = j->work ? LANE_WORK : LANE_LOAD;
+    static const char *const names[LANE_COUNT] = {"load", "work", "prompt"};
+    static const char *const hooks[LANE_COUNT] = {"SHARDLM_TEST_LOAD_DELAY_S", "SHARDLM_TEST_WORK_DELAY_S",
+                                                  "SHARDLM_TEST_GEN_DELAY_S"};
+    const int k = j->lane;
     struct job_lane *lane = &s->lanes[k];
     j->call = c;
     atomic_init(&j->abandoned, 0);
     if (!lane->started) {
-        lane->test_delay_s = server_test_delay(k == LANE_WORK ? "SHARDLM_TEST_WORK_DELAY_S" : "SHARDLM_TEST_LOAD_DELAY_S");
+        lane->test_delay_s = server_test_delay(hooks[k]);
         struct lane_arg *a = malloc(sizeof *a);
         if (a) *a = (struct lane_arg){s, lane};
         if (!a || pthread_create(&lane->thread, NULL, loader_main, a) != 0) {
             free(a);
             job_free(j);
-            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "cannot start the loader's %s thread",
-                                 k == LANE_WORK ? "work" : "load");
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "cannot start the loader's %s thread", names[k]);
         }
         lane->started = 1;
     }
@@ -212,11 +217,12 @@ enum status loader_submit_model(struct call *c, const char *name, const uint8_t 
     return job_queue(c, j);
 }
 
-enum status loader_submit_work(struct call *c, call_work_fn work, call_then_fn then, void *ctx, const uint8_t *data,
-                               size_t len)
+enum status loader_submit_work(struct call *c, enum job_lane_kind lane, call_work_fn work, call_then_fn then, void *ctx,
+                               const uint8_t *data, size_t len)
 {
     struct load_job *j = job_with_request(data, len);
     if (!j) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory queueing %s", call_method_name(c->method));
+    j->lane = lane;
     j->work = work;
     j->then = then;
     j->ctx = ctx;

@@ -221,10 +221,10 @@ void methods_handle(struct call *c, const uint8_t *data, size_t len)
         return; /* loading its model: call_dispatch brings it back */
     if (st == STATUS_OK) switch (c->method) {
     case METHOD_TOKENIZE: /* on the loader's work thread: up to 1 MiB of text (loader.c) */
-        if ((st = loader_submit_work(c, tokenize_job, NULL, NULL, data, len)) == STATUS_OK) return;
+        if ((st = loader_submit_work(c, LANE_WORK, tokenize_job, NULL, NULL, data, len)) == STATUS_OK) return;
         break;
     case METHOD_DETOKENIZE:
-        if ((st = loader_submit_work(c, detokenize_job, NULL, NULL, data, len)) == STATUS_OK) return;
+        if ((st = loader_submit_work(c, LANE_WORK, detokenize_job, NULL, NULL, data, len)) == STATUS_OK) return;
         break;
     case METHOD_CANCEL: st = cancel(c, data, len, &out, &out_len); break;
     case METHOD_MODEL_INFO: st = model_info(c, c->m, &out, &out_len); break;

@@ -196,6 +196,14 @@ struct call {
                                      before it comes back (embed.c) */
 };
 
+/* The loader's threads (loader.c), one per lane. */
+enum job_lane_kind {
+    LANE_LOAD, /* LoadAdapter, a model not loaded */
+    LANE_WORK, /* Tokenize, Detokenize, Embed's tokenization */
+    LANE_GEN,  /* Generate's and Chat's prompts (a lane of their own: a big Tokenize does not hold them up) */
+    LANE_COUNT
+};
+
 /* A method's work on the loader's work thread (loader_submit_work): it reads only j's request
  * (request, ctx) and the call's pinned model (j->call->m, nothing else of the call), and writes
  * the response (out) or into ctx. Then, on the loop thread, j's then (when set) answers the call
@@ -218,6 +226,7 @@ struct load_job {
     int              wakes_model;
     struct served_model *pinned;
     call_work_fn     work;       /* a method's work (loader_submit_work), or NULL */
+    enum job_lane_kind lane;     /* whose thread runs it */
     call_then_fn     then;       /* after it, on the loop (takes ctx; st may be STATUS_CANCELLED), or NULL */
     void            *ctx;        /* the work's own state */
     atomic_int       abandoned;  /* the call ended (client cancel, deadline, shutdown) before
@@ -229,7 +238,6 @@ struct load_job {
 };
 
 /* One of the loader's threads and its queue (loader.c). */
-enum job_lane_kind { LANE_LOAD, LANE_WORK, LANE_COUNT };
 struct job_lane {
     pthread_t        thread;
     int              started, stop;
@@ -237,7 +245,7 @@ struct job_lane {
     pthread_cond_t   cv;
     struct load_job *todo, *todo_tail;  /* waiting for the thread, in order */
     struct load_job *done;              /* finished, for the loop to answer */
-    double           test_delay_s;      /* $SHARDLM_TEST_LOAD_DELAY_S / $SHARDLM_TEST_WORK_DELAY_S (tests) */
+    double           test_delay_s;      /* $SHARDLM_TEST_{LOAD,WORK,GEN}_DELAY_S (tests) */
 };
 
 struct request_slot {
@@ -386,8 +394,7 @@ struct server {
     char                  boot_id[16];          /* hex, new at every start: journaled ids are unique */
     long long             t_created;            /* Unix seconds at start */
     struct metrics       *metrics;
-    /* the loader's two threads, off the loop (loader.c): LANE_LOAD for loads (LoadAdapter, a
-     * model not loaded), LANE_WORK for a call's CPU work (Tokenize, Detokenize) */
+    /* the loader's threads, off the loop (loader.c): one per lane (enum job_lane_kind) */
     struct job_lane       lanes[LANE_COUNT];
 };
 
@@ -667,12 +674,12 @@ void loader_submit(struct call *c, char *name, char *path);
 /* Loop thread. Queues the load of model `name` for c (call_pin_model), with a copy of its
  * request data[0..len). */
 enum status loader_submit_model(struct call *c, const char *name, const uint8_t *data, size_t len);
-/* Loop thread. Queues work on c's request data[0..len) (copied) and ctx for the work thread,
+/* Loop thread. Queues work on c's request data[0..len) (copied) and ctx for lane's thread,
  * started on first use, so that a long tokenization does not hold up every other call; then
  * (or, without one, the answer: work's response or its error) runs from loader_drain. c->m is
  * pinned by the call. On an error nothing was queued (ctx stays the caller's). */
-enum status loader_submit_work(struct call *c, call_work_fn work, call_then_fn then, void *ctx, const uint8_t *data,
-                               size_t len);
+enum status loader_submit_work(struct call *c, enum job_lane_kind lane, call_work_fn work, call_then_fn then, void *ctx,
+                               const uint8_t *data, size_t len);
 /* Loop thread: answers the calls whose loads or work have finished, and frees the jobs. */
 void loader_drain(struct server *s);
 /* After the loop, once no call is left (so no job is out): stops and joins the loader's threads. */

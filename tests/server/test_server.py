@@ -433,7 +433,10 @@ def group_work(env):
     Tokenize, and again during an Embed, are answered well before it ends; the Tokenize's, the
     Detokenize's and the Embed's answers equal a plain server's; a Tokenize or an Embed whose client
     gave up (its deadline) is DEADLINE_EXCEEDED, and the server goes on; a SIGTERM during one
-    drains cleanly."""
+    drains cleanly. Generate's and Chat's prompts are built on a thread of their own: with each
+    slowed by 2 s (SHARDLM_TEST_GEN_DELAY_S), GetModelInfo, Tokenize and a health check during a
+    Generate are answered well before it, its tokens a plain server's; one whose client gave up
+    never reaches the engine."""
     text = "Once upon a time, there was a little dog."
     with Server(env.shardlm, env.model, name="work-plain") as srv, srv.client() as c:
         want_ids = c.tokenize(text)
@@ -499,6 +502,38 @@ def group_work(env):
         srv.terminate()
         t.join(timeout=30)
         check(got.get("late", ("?",))[0] in (want_ids, "UNAVAILABLE", "CANCELLED"), f"a Tokenize during the drain: {got}")
+    # Generate's and Chat's prompts on a thread of their own (SHARDLM_TEST_GEN_DELAY_S slows each).
+    with Server(env.shardlm, env.model, name="work-plain-gen") as srv, srv.client() as c:
+        want_gen = c.generate(text, max_tokens=8, temperature=0).token_ids
+    with Server(env.shardlm, env.model, name="work-gen", env={**os.environ, "SHARDLM_TEST_GEN_DELAY_S": str(delay)}) as srv, \
+            srv.client(timeout=30) as c:
+        c.tokenize("hi")  # connected and warm
+
+        def generate(key, timeout=None):
+            t0 = time.time()
+            try:
+                got[key] = (c.generate(text, max_tokens=8, temperature=0, timeout=timeout).token_ids, time.time() - t0)
+            except grpc.RpcError as e:
+                got[key] = (e.code().name, time.time() - t0)
+        t = threading.Thread(target=generate, args=("gen",))
+        t.start()
+        time.sleep(0.3)
+        t0 = time.time()
+        c.model_info()
+        c.tokenize(text)
+        health = health_check(srv.target)
+        answered = time.time() - t0
+        check("gen" not in got and answered < delay - 0.5,
+              f"calls during a slow prompt: answered in {answered:.2f} s (health {health}), the Generate {got.get('gen')}")
+        t.join(timeout=30)
+        check(got.get("gen", (None, 0))[0] == want_gen and got["gen"][1] >= delay,
+              f"the slow Generate: {got.get('gen')} (want {want_gen} after {delay} s)")
+        before = c.server_stats().requests_submitted
+        generate("gen-gone", 0.5)
+        check(got["gen-gone"][0] == "DEADLINE_EXCEEDED", f"a Generate whose client gave up: {got['gen-gone']}")
+        time.sleep(delay)  # its prompt is built and dropped: nothing runs
+        after = c.server_stats().requests_submitted
+        check(after == before, f"the Generate that gave up never reached the engine ({before} -> {after} submitted)")
 
 
 def raw_call(target, method, payload: bytes, timeout=10):
