@@ -686,9 +686,9 @@ static char *gen_new_id(struct server *s)
     return strdup(id);
 }
 
-/* A Generate or Chat call's prompt, built on the loader's work thread (the template rendered
+/* A Generate or Chat call's prompt, built on the loader's prompt thread (the template rendered
  * with the tools, tool calls and reasoning, the text tokenized: up to a 4 MiB message, seconds
- * of work that must not stall every stream), from gen_start to gen_prepared. */
+ * of work that must not stall every stream; loader.c), from gen_start to gen_prepared. */
 struct gen_prep {
     struct gen_request r;
     struct chat_parse  chat;
@@ -704,11 +704,10 @@ static enum status gen_prep_job(struct load_job *j)
 
 /* The rest of gen_start, on the loop, once the prompt is built (st its outcome): the request id,
  * the deadline, the engine's checks, the journal's ACCEPT, and the engine. Frees r and ids. */
-static void gen_submit(struct call *c, const uint8_t *data, size_t len, int is_chat, struct gen_request *r,
-                       int32_t *ids, int n_ids, enum status st, const char *message)
+static void gen_submit(struct call *c, const uint8_t *data, size_t len, struct gen_request *r, int32_t *ids, int n_ids,
+                       enum status st, const char *message)
 {
     struct server *s = c->s;
-    (void)is_chat;
     if (st == STATUS_OK && atomic_load(&s->phase) != PHASE_READY)
         st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down"), message = status_message();
     if (st == STATUS_OK) {
@@ -786,7 +785,7 @@ static void gen_prepared(struct load_job *j)
     if (st == STATUS_OK && (c->close_done || c->send_has_status)) /* the client went away meanwhile */
         st = STATUS_CANCELLED, message = "the call ended while its prompt was built";
     c->chat = p->chat; /* the call's now (gen_call_release frees it) */
-    gen_submit(c, j->request, j->request_len, p->is_chat, &p->r, p->ids, p->n_ids, st, message);
+    gen_submit(c, j->request, j->request_len, &p->r, p->ids, p->n_ids, st, message);
     free(p);
 }
 
@@ -819,6 +818,6 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     }
     if (st == STATUS_OK && (st = loader_submit_work(c, LANE_GEN, gen_prep_job, gen_prepared, p, data, len)) == STATUS_OK)
         return; /* goes on in gen_prepared */
-    gen_submit(c, data, len, p->is_chat, &p->r, NULL, 0, st, status_message());
+    gen_submit(c, data, len, &p->r, NULL, 0, st, status_message());
     free(p);
 }
