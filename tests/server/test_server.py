@@ -437,100 +437,72 @@ def group_work(env):
     slowed by 2 s (SHARDLM_TEST_GEN_DELAY_S), GetModelInfo, Tokenize and a health check during a
     Generate are answered well before it, its tokens a plain server's; one whose client gave up
     never reaches the engine."""
-    text = "Once upon a time, there was a little dog."
+    text, other = "Once upon a time, there was a little dog.", "The sun"
     with Server(env.shardlm, env.model, name="work-plain") as srv, srv.client() as c:
         want_ids = c.tokenize(text)
         want_text = c.detokenize(want_ids)
-        want_vec = c.embed([text, "The sun"]).vectors
-    delay = 2.0
-    with Server(env.shardlm, env.model, name="work", env={**os.environ, "SHARDLM_TEST_WORK_DELAY_S": str(delay)}) as srv, \
-            srv.client(timeout=30) as c:
+        want_vec = c.embed([text, other]).vectors
+        want_gen = c.generate(text, max_tokens=8, temperature=0).token_ids
+    delay, got = 2.0, {}
+
+    def timed(key, fn):
+        """fn()'s answer (or its error's code) and seconds, as got[key]."""
+        t0 = time.time()
+        try:
+            got[key] = (fn(), time.time() - t0)
+        except grpc.RpcError as e:
+            got[key] = (e.code().name, time.time() - t0)
+
+    def during(key, slow, quick, what):
+        """slow() on a thread; 0.3 s later quick() must be answered well before slow ends."""
+        t = threading.Thread(target=timed, args=(key, slow))
+        t.start()
+        time.sleep(0.3)
+        t0 = time.time()
+        quick()
+        answered = time.time() - t0
+        check(key not in got and answered < delay - 0.5,
+              f"calls during a slow {what}: answered in {answered:.2f} s, the {what} {got.get(key, ('?', 0))[1]}")
+        t.join(timeout=30)
+
+    def gone(key, fn, what):
+        timed(key, fn)
+        check(got[key][0] == "DEADLINE_EXCEEDED", f"a {what} whose client gave up: {got[key]}")
+    work = {**os.environ, "SHARDLM_TEST_WORK_DELAY_S": str(delay)}
+    with Server(env.shardlm, env.model, name="work", env=work) as srv, srv.client(timeout=30) as c:
         c.generate("hi", max_tokens=2)  # connected and warm
-        got = {}
-
-        def tokenize(key, timeout=None):
-            t0 = time.time()
-            try:
-                got[key] = (c.tokenize(text, timeout=timeout), time.time() - t0)
-            except grpc.RpcError as e:
-                got[key] = (e.code().name, time.time() - t0)
-        t = threading.Thread(target=tokenize, args=("slow",))
-        t.start()
-        time.sleep(0.3)
-        t0 = time.time()
-        c.model_info()
-        c.generate("Once", max_tokens=4)
-        health = health_check(srv.target)
-        answered = time.time() - t0
-        check("slow" not in got and answered < delay - 0.5,
-              f"calls during a slow Tokenize: answered in {answered:.2f} s (health {health}), the Tokenize {got.get('slow')}")
-        t.join(timeout=30)
-        check(got.get("slow", (None, 0))[0] == want_ids and got["slow"][1] >= delay,
-              f"the slow Tokenize: {got.get('slow')} (want {want_ids} after {delay} s)")
+        during("slow", lambda: c.tokenize(text),
+               lambda: (c.model_info(), c.generate("Once", max_tokens=4), health_check(srv.target)), "Tokenize")
+        check(got["slow"][0] == want_ids and got["slow"][1] >= delay,
+              f"the slow Tokenize: {got['slow']} (want {want_ids} after {delay} s)")
         check(c.detokenize(want_ids) == want_text, "Detokenize on the work thread: a plain server's text")
-        tokenize("gone", 0.5)
-        check(got["gone"][0] == "DEADLINE_EXCEEDED", f"a Tokenize whose client gave up: {got['gone']}")
+        gone("gone", lambda: c.tokenize(text, timeout=0.5), "Tokenize")
         check(c.tokenize(text) == want_ids, "the server goes on after it")
-
-        def embed(key, timeout=None):
-            t0 = time.time()
-            try:
-                got[key] = (c.embed([text, "The sun"], timeout=timeout).vectors, time.time() - t0)
-            except grpc.RpcError as e:
-                got[key] = (e.code().name, time.time() - t0)
-        t = threading.Thread(target=embed, args=("embed",))
-        t.start()
-        time.sleep(0.3)
-        t0 = time.time()
-        c.model_info()
-        c.generate("Once", max_tokens=4)
-        answered = time.time() - t0
-        check("embed" not in got and answered < delay - 0.5,
-              f"calls during a slow Embed: answered in {answered:.2f} s, the Embed {got.get('embed', ('?', 0))[1]}")
-        t.join(timeout=30)
-        vec, took = got.get("embed", (None, 0))
+        during("embed", lambda: c.embed([text, other]).vectors,
+               lambda: (c.model_info(), c.generate("Once", max_tokens=4)), "Embed")
+        vec, took = got["embed"]
         same = isinstance(vec, list) and len(vec) == 2 and all(
             max(abs(x - y) for x, y in zip(u, v)) < 1e-5 for u, v in zip(vec, want_vec))
         check(same and took >= delay, f"the slow Embed: a plain server's vectors ({same}) after {took:.2f} s")
-        embed("embed-gone", 0.5)
-        check(got["embed-gone"][0] == "DEADLINE_EXCEEDED", f"an Embed whose client gave up: {got['embed-gone']}")
+        gone("embed-gone", lambda: c.embed([text, other], timeout=0.5), "Embed")
         time.sleep(delay)  # its job ends and is dropped
-        check(c.embed([text, "The sun"]).vectors is not None, "the server goes on after it")
-        t = threading.Thread(target=tokenize, args=("late",))
+        check(c.embed([text, other]).vectors is not None, "the server goes on after it")
+        t = threading.Thread(target=timed, args=("late", lambda: c.tokenize(text)))
         t.start()
         time.sleep(0.3)
         srv.terminate()
         t.join(timeout=30)
         check(got.get("late", ("?",))[0] in (want_ids, "UNAVAILABLE", "CANCELLED"), f"a Tokenize during the drain: {got}")
     # Generate's and Chat's prompts on a thread of their own (SHARDLM_TEST_GEN_DELAY_S slows each).
-    with Server(env.shardlm, env.model, name="work-plain-gen") as srv, srv.client() as c:
-        want_gen = c.generate(text, max_tokens=8, temperature=0).token_ids
-    with Server(env.shardlm, env.model, name="work-gen", env={**os.environ, "SHARDLM_TEST_GEN_DELAY_S": str(delay)}) as srv, \
-            srv.client(timeout=30) as c:
+    gen = {**os.environ, "SHARDLM_TEST_GEN_DELAY_S": str(delay)}
+    with Server(env.shardlm, env.model, name="work-gen", env=gen) as srv, srv.client(timeout=30) as c:
         c.tokenize("hi")  # connected and warm
-
-        def generate(key, timeout=None):
-            t0 = time.time()
-            try:
-                got[key] = (c.generate(text, max_tokens=8, temperature=0, timeout=timeout).token_ids, time.time() - t0)
-            except grpc.RpcError as e:
-                got[key] = (e.code().name, time.time() - t0)
-        t = threading.Thread(target=generate, args=("gen",))
-        t.start()
-        time.sleep(0.3)
-        t0 = time.time()
-        c.model_info()
-        c.tokenize(text)
-        health = health_check(srv.target)
-        answered = time.time() - t0
-        check("gen" not in got and answered < delay - 0.5,
-              f"calls during a slow prompt: answered in {answered:.2f} s (health {health}), the Generate {got.get('gen')}")
-        t.join(timeout=30)
-        check(got.get("gen", (None, 0))[0] == want_gen and got["gen"][1] >= delay,
-              f"the slow Generate: {got.get('gen')} (want {want_gen} after {delay} s)")
+        during("gen", lambda: c.generate(text, max_tokens=8, temperature=0).token_ids,
+               lambda: (c.model_info(), c.tokenize(text), health_check(srv.target)), "Generate")
+        check(got["gen"][0] == want_gen and got["gen"][1] >= delay,
+              f"the slow Generate: {got['gen']} (want {want_gen} after {delay} s)")
         before = c.server_stats().requests_submitted
-        generate("gen-gone", 0.5)
-        check(got["gen-gone"][0] == "DEADLINE_EXCEEDED", f"a Generate whose client gave up: {got['gen-gone']}")
+        gone("gen-gone", lambda: c.generate(text, max_tokens=8, timeout=0.5), "Generate")
         time.sleep(delay)  # its prompt is built and dropped: nothing runs
         after = c.server_stats().requests_submitted
         check(after == before, f"the Generate that gave up never reached the engine ({before} -> {after} submitted)")
