@@ -150,7 +150,8 @@ static enum status rpc_prepare(struct load_job *j)
     return st;
 }
 
-/* The loop, after rpc_prepare (or a call that ended before it ran): to the engine, or the error. */
+/* The loop, after rpc_prepare (j->st CANCELLED when the call ended meanwhile: loader_drain): to
+ * the engine, or the error. */
 static void rpc_submit(struct load_job *j)
 {
     struct embed_rpc *rpc = j->ctx;
@@ -158,8 +159,6 @@ static void rpc_submit(struct load_job *j)
     struct server *s = c->s;
     enum status st = j->st;
     const char *message = j->message;
-    if (st == STATUS_OK && (c->close_done || c->send_has_status)) /* the client went away meanwhile */
-        st = STATUS_CANCELLED, message = "the call ended while its inputs were tokenized";
     if (st == STATUS_OK) {
         rpc->s = s;
         rpc->call = c;

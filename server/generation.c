@@ -775,17 +775,12 @@ static void gen_submit(struct call *c, const uint8_t *data, size_t len, struct g
     gen_request_free(r);
 }
 
-/* The loop, after gen_prep_job (or a call that ended before it ran). */
+/* The loop, after gen_prep_job (j->st CANCELLED when the call ended meanwhile: loader_drain). */
 static void gen_prepared(struct load_job *j)
 {
     struct gen_prep *p = j->ctx;
-    struct call *c = j->call;
-    enum status st = j->st;
-    const char *message = j->message;
-    if (st == STATUS_OK && (c->close_done || c->send_has_status)) /* the client went away meanwhile */
-        st = STATUS_CANCELLED, message = "the call ended while its prompt was built";
-    c->chat = p->chat; /* the call's now (gen_call_release frees it) */
-    gen_submit(c, j->request, j->request_len, &p->r, p->ids, p->n_ids, st, message);
+    j->call->chat = p->chat; /* the call's now (gen_call_release frees it) */
+    gen_submit(j->call, j->request, j->request_len, &p->r, p->ids, p->n_ids, j->st, j->message);
     free(p);
 }
 

@@ -243,12 +243,17 @@ void loader_drain(struct server *s)
             done = j->next;
             struct call *c = j->call;
             c->load_job = NULL;
+            const int ended = c->close_done || c->send_has_status; /* the client went away meanwhile */
             if (j->then) {
+                if (j->st == STATUS_OK && ended) {
+                    j->st = STATUS_CANCELLED;
+                    snprintf(j->message, sizeof j->message, "the call ended while its work ran");
+                }
                 j->then(j); /* takes j->ctx */
             } else if (j->wakes_model) {
                 /* The model is loaded (and pinned by the job): the call's request runs now. */
                 if (j->st != STATUS_OK) call_fail_status(c, j->st, j->message);
-                else if (!c->close_done && !c->send_has_status) call_dispatch(c, j->request, j->request_len);
+                else if (!ended) call_dispatch(c, j->request, j->request_len);
                 server_release(s, j->pinned);
             } else if (j->st == STATUS_OK) {
                 call_reply(c, j->out, j->out_len); /* takes j->out */

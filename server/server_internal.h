@@ -227,7 +227,8 @@ struct load_job {
     struct served_model *pinned;
     call_work_fn     work;       /* a method's work (loader_submit_work), or NULL */
     enum job_lane_kind lane;     /* whose thread runs it */
-    call_then_fn     then;       /* after it, on the loop (takes ctx; st may be STATUS_CANCELLED), or NULL */
+    call_then_fn     then;       /* after it, on the loop (takes ctx; st STATUS_CANCELLED when the call
+                                    ended before or during the work), or NULL */
     void            *ctx;        /* the work's own state */
     atomic_int       abandoned;  /* the call ended (client cancel, deadline, shutdown) before
                                     the load started: the loader skips it */
