@@ -1,4 +1,4 @@
-/* server/loader.c - work off the completion-queue loop, on two threads of their own. The load
+/* server/loader.c - work off the completion-queue loop, on three threads of their own. The load
  * thread reads and checks each LoadAdapter's adapter (engine_load_adapter: file reads that may
  * take seconds, or hang on a dead network mount), and loads the served model that a gRPC call
  * names when it is not loaded (serve --models-max, --sleep-idle-seconds: server_acquire). The
@@ -7,9 +7,8 @@
  * prompts (the template with the tools, the tokenizer), so that many of them do not stall every
  * stream. Meanwhile the loop goes on answering every other call. Each thread runs its jobs one at
  * a time, in order (a Chat with megabytes of tools delays the next Chat's start, not the running
- * streams nor a Tokenize). A
- * model's load ends by dispatching the call's request again (call_dispatch), the model pinned by
- * the job until then.
+ * streams nor a Tokenize). A model's load ends by dispatching the call's request again
+ * (call_dispatch), the model pinned by the job until then.
  *
  * Ownership: the loop thread parses the request and queues a job (loader_submit,
  * loader_submit_model, loader_submit_work); the call keeps a pointer to it (call.load_job), and
