@@ -343,7 +343,7 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
         st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(f, tools, only, parallel, 0), NULL);
     } else if (st == STATUS_OK && required && caps->reasoning && *tool_format_call_prefix(f)) {
         /* A reasoning template: the model may think first, so the marker is the grammar's to
-         * write (its schema's prefix), not the prompt's; generation.c (constrain_around_think)
+         * write (its schema's prefix), not the prompt's; gen_prompt.c (constrain_around_think)
          * makes it an opening constraint: <think> ... </think> then the call, or the call. */
         cJSON *schema = native_schema(f, tools, only, required, parallel, caps, index);
         if (schema) cJSON_AddStringToObject(schema, GRAMMAR_SCHEMA_PREFIX, tool_format_call_prefix(f));

@@ -14,7 +14,7 @@
  * (GLM writes "\n<think>" after <|assistant|>, so its grammar holds the reasoning, any text
  * without "</think>". Qwen3.5's <think> is the engine's to allow, as for the JSON formats: its
  * prompt opens it by default (the grammar starts after </think>), closes it under enable_thinking
- * false (the calls come at once), and otherwise generation.c constrain_around_think makes the
+ * false (the calls come at once), and otherwise gen_prompt.c constrain_around_think makes the
  * constraint an opening one, the grammar or <think>; MiniMax-M2's prompt always opens it; DeepSeek
  * V3.2's and V4's prompts open and close it as their `thinking` says.)
  * with one call, or (parallel_tool_calls) one or more (MiniMax: in one block); lazy (tool_choice
