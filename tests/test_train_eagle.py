@@ -461,7 +461,9 @@ def served_check(shardlm, golden, tmp):
     for prompt in prompts:
         base = [shardlm, "generate", "--model", model, "--prompt", prompt, "--max-tokens", "120", "--threads", "1"]
         plain = run(base)
-        spec = run(base + ["--speculative", "eagle", "--draft-model", head, "--spec-draft", "2"])
+        # the head's acceptance, not the time gate's choices (SHARDLM_SPEC_PRIOR=0: every step drafts)
+        spec = run(base + ["--speculative", "eagle", "--draft-model", head, "--spec-draft", "2"],
+                   env=dict(os.environ, SHARDLM_SPEC_PRIOR="0"))
         m = re.search(r"(\d+) drafts verified, (\d+) accepted", spec.stderr)
         if plain.returncode != 0 or spec.returncode != 0 or not m:
             check(False, "generate %r: %s %s" % (prompt, plain.stderr[-300:], spec.stderr[-300:]))
