@@ -244,12 +244,15 @@ static int draft_gate(struct conductor *c)
     return c->spec_d_credit > 0.0 && c->spec_d_opportunities++ % SPEC_GATE_PROBE == 0;
 }
 
+/* The plain-step reference a batch of n sequences uses (batches beyond the last share it). */
+static int gate_batch(int n) { return n < SPEC_GATE_BATCHES ? n : SPEC_GATE_BATCHES - 1; }
+
 /* Whether this step must be a plain one (no drafts at all) for draft_gate's reference: a plain
  * decode step's seconds at n sequences unknown, or measured more than SPEC_GATE_STALE decode
  * steps ago (the contexts grow; other traffic comes and goes). */
 static int plain_step_due(const struct conductor *c, int n)
 {
-    if (n >= SPEC_GATE_BATCHES) n = SPEC_GATE_BATCHES - 1;
+    n = gate_batch(n);
     return c->spec_plain_s[n] <= 0.0 || c->spec_decode_steps - c->spec_plain_at[n] > SPEC_GATE_STALE;
 }
 
@@ -264,7 +267,7 @@ void spec_gate_step(struct conductor *c, double dt)
 {
     if (!c->spec_gate) return;
     const struct step_batch *b = &c->sched.batch;
-    const int B = b->n_seqs < SPEC_GATE_BATCHES ? b->n_seqs : SPEC_GATE_BATCHES - 1, drafts = b->n_rows - b->n_seqs;
+    const int B = gate_batch(b->n_seqs), drafts = b->n_rows - b->n_seqs;
     const int decode = b->prefill_rows == 0 && B > 0;
     double *T = &c->spec_plain_s[B];
     if (decode) {
