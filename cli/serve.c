@@ -34,6 +34,8 @@
  *   --api-key-file F         require "authorization: Bearer <key>" with a key of F
  *   --tls-cert F --tls-key F serve TLS with this PEM certificate chain and key
  *   --drain-timeout S        seconds running requests may finish after SIGTERM [30]
+ *   --send-timeout S         a gRPC call whose client takes no message for S seconds (a client
+ *                            that stops reading) is cancelled; 0 = never [60]
  *   --max-message-bytes N    largest request message (gRPC) or body (HTTP) [4194304]
  *   --http ADDR              also serve the OpenAI-compatible HTTP API and /metrics on ADDR
  *                            (HOST:PORT; ":PORT" or "PORT" = 127.0.0.1) [off]
@@ -120,7 +122,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--scheduling-policy fcfs|fair|priority]\n"
                     "         [--chat-template llama2|chatml|gemma|plain|FILE.jinja] [--reasoning-format auto|deepseek|none]\n"
                     "         [--api-key-file F] [--tls-cert F --tls-key F]\n"
-                    "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
+                    "         [--drain-timeout S] [--send-timeout S (60)] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
                     "         [--http-max-connections-per-address N (3/4 of the above; 0 = no cap)] [--http-header-timeout S (10)]\n"
                     "         [--http-body-timeout S (60)] [--responses-store N (1024)]\n"
                     "         [--journal DIR [--journal-fsync accept|always|never] [--journal-retain S (600)]\n"
@@ -227,7 +229,7 @@ static enum status serve_worker(const struct engine_options *eo)
 
 int serve_main(int argc, char **argv)
 {
-    struct server_options o = {.listen = "127.0.0.1:50051", .engine = engine_options_default(), .drain_timeout_s = 30.0, .journal_end_delay_s = 10.0,
+    struct server_options o = {.listen = "127.0.0.1:50051", .engine = engine_options_default(), .drain_timeout_s = 30.0, .send_timeout_s = 60.0, .journal_end_delay_s = 10.0,
                                .journal_detach_grace_s = 30.0,
                                .max_receive_bytes = 4 << 20};
     o.engine.rank_timeout_s = 60.0; /* multi-rank: a peer silent this long is hung or gone */
@@ -433,6 +435,9 @@ int serve_main(int argc, char **argv)
         else if (!strcmp(a, "--drain-timeout")) {
             if (number_in(v, 0, 86400, &o.drain_timeout_s))
                 return usage("--drain-timeout must be a number of seconds in [0, 86400], got '%s'", v);
+        } else if (!strcmp(a, "--send-timeout")) {
+            if (number_in(v, 0, 86400, &o.send_timeout_s))
+                return usage("--send-timeout must be a number of seconds in [0, 86400], got '%s'", v);
         } else if (!strcmp(a, "--max-message-bytes")) {
             if (base_parse_long(v, 1024, INT_MAX, &n)) return usage("--max-message-bytes must be an integer >= 1024, got '%s'", v);
             o.max_receive_bytes = (int)n;

@@ -115,6 +115,7 @@ void call_send(struct call *c, uint8_t *msg, size_t len, int with_status, grpc_s
     grpc_call_error e = grpc_call_start_batch(c->call, ops, (size_t)n, &c->send_tag, NULL);
     CHECK(e == GRPC_CALL_OK, "grpc_call_start_batch (send) failed: %d", (int)e);
     c->send_inflight = 1;
+    c->t_send = base_now_s();
 }
 
 /* Ends the call with a status and no message. */

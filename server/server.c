@@ -396,9 +396,30 @@ double server_test_delay(const char *name)
 /* How long connections may take to close after the last call ended (see loop_tick). */
 #define SHUTDOWN_GRACE_S 1.0
 
+/* Cancels each call whose send has waited --send-timeout for its client to take it: a client
+ * that stops reading (HTTP/2 flow control holds the send; keepalive pings are still answered)
+ * would otherwise hold its buffered output, its model's pin and, unjournaled, its engine request
+ * for as long as its connection lives. The cancel ends the call as a client that went away:
+ * its request is cancelled, or, journaled, waits for its client to reattach. Once a second. */
+static void send_timeout_sweep(struct server *s, double now)
+{
+    if (s->opts.send_timeout_s <= 0 || now - s->t_send_sweep < 1.0) return;
+    s->t_send_sweep = now;
+    for (struct call *c = s->calls; c; c = c->next) {
+        if (!c->send_inflight || c->close_done || c->send_timed_out || now - c->t_send < s->opts.send_timeout_s)
+            continue;
+        c->send_timed_out = 1;
+        LOG_WARN("server", "req=%s method=%s: the client took no message for %.0f s (--send-timeout); cancelling the call",
+                 c->request_id ? c->request_id : "-", call_method_name(c->method), now - c->t_send);
+        grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, "the client read nothing for --send-timeout",
+                                     NULL);
+    }
+}
+
 /* What the loop does after every completion: engine events, phase changes, shutdown steps. */
 static void loop_tick(struct server *s)
 {
+    send_timeout_sweep(s, base_now_s());
     gen_drain_events(s);
     loader_drain(s);
     embed_rpc_drain(s);

@@ -42,6 +42,8 @@ struct server_options {
     const char *tls_cert;        /* PEM files; both or neither */
     const char *tls_key;
     double      drain_timeout_s; /* how long running requests may finish after SIGTERM */
+    double      send_timeout_s;  /* a gRPC message the client has not taken for this long cancels
+                                    its call (a client that stops reading); 0 = never */
     int         max_receive_bytes; /* largest request message (gRPC) or body (HTTP); larger ones:
                                       RESOURCE_EXHAUSTED (gRPC), 413 (HTTP) */
     const char *http_listen;     /* the OpenAI-compatible HTTP API and /metrics on HOST:PORT

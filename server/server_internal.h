@@ -148,6 +148,8 @@ struct call {
     grpc_slice     status_slice;  /* details of the status in flight */
     int            has_status_slice;
     int            recv_inflight, send_inflight, send_has_status;
+    double         t_send;        /* when the send in flight started (--send-timeout) */
+    int            send_timed_out; /* cancelled: the client read nothing for --send-timeout */
     int            close_done, client_cancelled; /* client_cancelled: set by RECV_CLOSE_ON_SERVER */
     int            initial_md_sent, status_sent;
     grpc_status_code final_code;  /* what the call ended with, for the log */
@@ -373,6 +375,7 @@ struct server {
     struct reflection    *refl;
     uint64_t              next_id;
     double                t_start, t_drained, t_shutdown;
+    double                t_send_sweep;  /* the last look for stuck sends (send_timeout_sweep) */
     int                   shutdown_started, shutdown_done, shutdown_forced;
     struct tag            shutdown_tag;
     int                   health_serving;

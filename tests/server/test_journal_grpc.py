@@ -620,9 +620,9 @@ def group_cclient(shardlm, model, work, gguf=None):
               + ("" if same else f": {bytes(out[i])!r} vs {want[i]!r}"))
 
 
-def went(st, method, rid, seed, k, max_tokens=400):
+def went(st, method, rid, seed, k, max_tokens=400, **more):
     """A stream of request rid whose client reads k messages and goes (cancels its call)."""
-    r = Reader(method, gen_req(rid, max_tokens=max_tokens, temperature=1.0, seed=seed))
+    r = Reader(method, gen_req(rid, max_tokens=max_tokens, temperature=1.0, seed=seed, **more))
     c = r.call(st, stop_after=k)
     c.cancel()
     r.rest(c)
@@ -739,9 +739,11 @@ def group_detach(shardlm, model, work, gguf=None):
               f"--journal-detach-max 1: the first call that went is kept ({kept.code}), the second's request ended "
               f"({gone.code}), the log says why")
     journal = work / "journal-detach-slow"
-    with server(shardlm, gguf, "--journal", str(journal), "--journal-detach-grace", "1", name="detach-slow") as srv:
+    # Its 400 tokens take 2 s at least on any CPU (each step slowed by 5 ms), whatever it samples.
+    with server(shardlm, gguf, "--journal", str(journal), "--journal-detach-grace", "1", name="detach-slow",
+                env={**os.environ, "SHARDLM_TEST_STEP_DELAY_MS": "5"}) as srv:
         st = stub(srv)
-        went(st, method, "ds-1", 33, 2)
+        went(st, method, "ds-1", 33, 2, ignore_eos=True)
         time.sleep(1.6)
         log = srv.log_path.read_text()
         check("req=ds-1: its client did not come back within 1 s (--journal-detach-grace): cancelled" in log,

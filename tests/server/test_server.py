@@ -508,6 +508,46 @@ def group_work(env):
         check(after == before, f"the Generate that gave up never reached the engine ({before} -> {after} submitted)")
 
 
+def group_send_timeout(env):
+    """A stream whose client stops reading (its HTTP/2 window full: the server's send waits;
+    keepalive pings are still answered) is cancelled after --send-timeout: its request stops,
+    its blocks come back, and the client that reads again finds DEADLINE_EXCEEDED naming the
+    flag. A client that pauses for less than the timeout now and then gets its whole answer, a
+    plain client's tokens. The clients' windows are kept small (lookahead 1 KiB, no BDP
+    probing), so that the first few steps fill them."""
+    small = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+    req = Client.generate_request("Once upon a time", **LONG)
+    with Server(env.shardlm, env.model, "--send-timeout", "2", name="send-timeout", env=slow_steps(10)) as srv, \
+            srv.client() as c, grpc.insecure_channel(srv.target, options=small) as ch:
+        want = c.generate("Once upon a time", max_tokens=64, temperature=0).token_ids
+        base = wait_until(lambda: stats_settled(c), "idle stats")
+        stub = pb_grpc.TextGenerationStub(ch)
+        it = stub.GenerateStream(req)
+        next(it)
+        t0 = time.time()
+        wait_until(lambda: c.server_stats().running == 16, "16 running samples")
+        st = wait_until(lambda: stats_settled(c), "the stuck stream's request to stop", timeout=15)
+        took = time.time() - t0
+        made = st.generated_tokens - base.generated_tokens
+        check(made < 16 * 480, f"the request stopped before its end: {made} of {16 * 480} tokens")
+        check(st.requests_finished == st.requests_submitted, f"the cancelled request finished: {st}")
+        e = expect_error(lambda: [None for _ in it], grpc.StatusCode.DEADLINE_EXCEEDED, "--send-timeout")
+        check(e is not None and took < 12, f"cancelled within seconds of the timeout ({took:.1f} s)")
+        log = srv.log_path.read_text()
+        check("took no message for" in log and "(--send-timeout)" in log, "the cancel is logged")
+        # A client on a small window of its own that pauses 0.5 s after every 8th message (the
+        # server's sends wait for it meanwhile): every token, a plain client's.
+        ids, n_msgs = [[] for _ in range(16)], 0
+        with grpc.insecure_channel(srv.target, options=small) as ch2:
+            for m in pb_grpc.TextGenerationStub(ch2).GenerateStream(
+                    Client.generate_request("Once upon a time", max_tokens=64, temperature=0, n=16)):
+                ids[m.index] += m.token_ids
+                n_msgs += 1
+                if n_msgs % 8 == 0:
+                    time.sleep(0.5)
+        check(all(x == want for x in ids), f"the pausing reader's answer ({n_msgs} messages): {[len(x) for x in ids]} tokens")
+
+
 def raw_call(target, method, payload: bytes, timeout=10):
     """Calls a method with raw request bytes (for messages Python would refuse to build)."""
     with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
@@ -1097,7 +1137,7 @@ GROUPS = {"basic": group_basic, "concurrency": group_concurrency, "cancel": grou
           "invalid": group_invalid, "drain": group_drain, "drain_load": group_drain_load, "drain_load_tp2": group_drain_load_tp2, "idle": group_idle, "auth": group_auth, "tls": group_tls,
           "reflection": group_reflection, "nul_in": group_nul_in, "nul_out": group_nul_out,
           "merge": group_merge, "queue_samples": group_queue_samples,
-          "prompt_bound": group_prompt_bound, "work": group_work}
+          "prompt_bound": group_prompt_bound, "work": group_work, "send_timeout": group_send_timeout}
 
 
 def main():
