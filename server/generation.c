@@ -458,7 +458,17 @@ struct gen_prep {
     struct chat_parse  chat;
     int32_t           *ids;
     int                n_ids, is_chat;
+    struct journal    *journal;     /* a journaled request's ACCEPT, synced by gen_sync_job */
+    long long          accept_end;  /* the journal's bytes written by its ACCEPT */
+    double             deadline_unix; /* the client's deadline in Unix seconds, or 0 */
 };
+
+static void gen_prep_free(struct gen_prep *p)
+{
+    free(p->ids);
+    gen_request_free(&p->r);
+    free(p);
+}
 
 static enum status gen_prep_job(struct load_job *j)
 {
@@ -466,12 +476,65 @@ static enum status gen_prep_job(struct load_job *j)
     return gen_build_prompt(j->call->m, &p->r, p->is_chat, &p->chat, &p->ids, &p->n_ids);
 }
 
-/* The rest of gen_start, on the loop, once the prompt is built (st its outcome): the request id,
- * the deadline, the engine's checks, the journal's ACCEPT, and the engine. Frees r and ids. */
-static void gen_submit(struct call *c, const uint8_t *data, size_t len, struct gen_request *r, int32_t *ids, int n_ids,
-                       enum status st, const char *message)
+/* On the loader's journal thread: the ACCEPT on disk (one fdatasync may cover several). */
+static enum status gen_sync_job(struct load_job *j)
+{
+    struct gen_prep *p = j->ctx;
+    return journal_sync(p->journal, p->accept_end);
+}
+
+/* The engine's part, on the loop, once the ACCEPT (if any) is durable (st its outcome): the
+ * request to the engine, the stream's headers. Frees p. */
+static void gen_run(struct call *c, const uint8_t *data, size_t len, struct gen_prep *p, enum status st,
+                    const char *message)
 {
     struct server *s = c->s;
+    struct gen_request *r = &p->r;
+    const int32_t *ids = p->ids;
+    const int n_ids = p->n_ids;
+    if (st == STATUS_OK && atomic_load(&s->phase) != PHASE_READY) /* a drain began meanwhile */
+        st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down"), message = status_message();
+    if (st == STATUS_OK) {
+        c->n_prompt_tokens = n_ids;
+        c->engine_active = c->n_samples; /* before submit: events may arrive at once */
+        /* With --journal-detach-grace the request is a job from the start, read by this call
+         * (grpc_resume.c): a client that goes away can reattach while it runs on. */
+        if (c->journaled && s->opts.journal_detach_grace_s > 0)
+            st = grpc_resume_first_run(c, data, len, ids, n_ids, &r->params, p->deadline_unix);
+        else st = engine_submit(c->m->engine, c->request_id, ids, n_ids, &r->params, on_engine_event, c, &c->handle);
+        if (st != STATUS_OK) c->engine_active = 0;
+        message = NULL;
+    }
+    if (st != STATUS_OK) {
+        call_fail_status(c, st, message ? message : status_message());
+    } else {
+        c->submitted = 1;
+        LOG_DEBUG("server", "req=%s method=%s submitted: prompt_tokens=%d max_tokens=%d n=%d", c->request_id,
+                  call_method_name(c->method), n_ids, r->params.max_tokens, r->params.n);
+        /* Streams get their headers at once, so that clients see the call is accepted; so do
+         * journaled unary calls, whose headers carry the resume token. */
+        if (c->journaled || c->job) test_pause(c, s->test_pause_headers_s, "SHARDLM_TEST_PAUSE_BEFORE_HEADERS_S");
+        if ((is_streaming(c->method) || c->journaled || c->job) && !c->close_done)
+            call_send(c, NULL, 0, 0, GRPC_STATUS_OK, NULL);
+    }
+    gen_prep_free(p);
+}
+
+/* The loop, after gen_sync_job (j->st CANCELLED when the call ended meanwhile: it never reaches
+ * the engine, and its END follows with the call's end). */
+static void gen_synced(struct load_job *j)
+{
+    gen_run(j->call, j->request, j->request_len, j->ctx, j->st, j->message);
+}
+
+/* The rest of gen_start, on the loop, once the prompt is built (st its outcome): the request id,
+ * the deadline, the engine's checks and the journal's ACCEPT; the ACCEPT's sync on the loader's
+ * journal thread, then gen_run. Takes p. */
+static void gen_submit(struct call *c, const uint8_t *data, size_t len, struct gen_prep *p, enum status st,
+                       const char *message)
+{
+    struct server *s = c->s;
+    struct gen_request *r = &p->r;
     if (st == STATUS_OK && atomic_load(&s->phase) != PHASE_READY)
         st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down"), message = status_message();
     if (st == STATUS_OK) {
@@ -501,7 +564,7 @@ static void gen_submit(struct call *c, const uint8_t *data, size_t len, struct g
     r->params.client = c->client;
     r->params.owner = c->owner; /* its learned answers draft for its owner alone (engine.h) */
     if (st == STATUS_OK) st = gen_resolve_adapter(c->m, r);
-    if (st == STATUS_OK) st = engine_validate(c->m->engine, ids, n_ids, &r->params);
+    if (st == STATUS_OK) st = engine_validate(c->m->engine, p->ids, p->n_ids, &r->params);
     if (st == STATUS_OK) {
         c->n_samples = r->params.n;
         c->samples = calloc((size_t)c->n_samples, sizeof *c->samples);
@@ -510,33 +573,17 @@ static void gen_submit(struct call *c, const uint8_t *data, size_t len, struct g
         if (!c->samples || (c->chat.on && is_streaming(c->method) && !c->chat_streams))
             st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
-    /* With the journal, the ACCEPT is on disk before the engine sees the request. */
+    /* With the journal, the ACCEPT is on disk before the engine sees the request; its sync runs
+     * on the loader's journal thread (milliseconds, more on a busy disk: not on the loop). */
     if (st == STATUS_OK && s->journal) test_pause(c, s->test_pause_accept_s, "SHARDLM_TEST_PAUSE_BEFORE_ACCEPT_S");
-    if (st == STATUS_OK && s->journal) st = grpc_journal_accept(c, data, len, &r->params, deadline_unix);
-    if (st == STATUS_OK) {
-        c->n_prompt_tokens = n_ids;
-        c->engine_active = c->n_samples; /* before submit: events may arrive at once */
-        /* With --journal-detach-grace the request is a job from the start, read by this call
-         * (grpc_resume.c): a client that goes away can reattach while it runs on. */
-        if (c->journaled && s->opts.journal_detach_grace_s > 0)
-            st = grpc_resume_first_run(c, data, len, ids, n_ids, &r->params, deadline_unix);
-        else st = engine_submit(c->m->engine, c->request_id, ids, n_ids, &r->params, on_engine_event, c, &c->handle);
-        if (st != STATUS_OK) c->engine_active = 0;
+    p->deadline_unix = deadline_unix;
+    if (st == STATUS_OK && s->journal &&
+        (st = grpc_journal_accept(c, data, len, &r->params, deadline_unix, &p->accept_end)) == STATUS_OK) {
+        p->journal = s->journal;
+        if ((st = loader_submit_work(c, LANE_SYNC, gen_sync_job, gen_synced, p, data, len)) == STATUS_OK)
+            return; /* goes on in gen_synced */
     }
-    if (st != STATUS_OK) {
-        call_fail_status(c, st, message ? message : status_message());
-    } else {
-        c->submitted = 1;
-        LOG_DEBUG("server", "req=%s method=%s submitted: prompt_tokens=%d max_tokens=%d n=%d", c->request_id,
-                  call_method_name(c->method), n_ids, r->params.max_tokens, r->params.n);
-        /* Streams get their headers at once, so that clients see the call is accepted; so do
-         * journaled unary calls, whose headers carry the resume token. */
-        if (c->journaled || c->job) test_pause(c, s->test_pause_headers_s, "SHARDLM_TEST_PAUSE_BEFORE_HEADERS_S");
-        if ((is_streaming(c->method) || c->journaled || c->job) && !c->close_done)
-            call_send(c, NULL, 0, 0, GRPC_STATUS_OK, NULL);
-    }
-    free(ids);
-    gen_request_free(r);
+    gen_run(c, data, len, p, st, message);
 }
 
 /* The loop, after gen_prep_job (j->st CANCELLED when the call ended meanwhile: loader_drain). */
@@ -544,8 +591,7 @@ static void gen_prepared(struct load_job *j)
 {
     struct gen_prep *p = j->ctx;
     j->call->chat = p->chat; /* the call's now (gen_call_release frees it) */
-    gen_submit(j->call, j->request, j->request_len, &p->r, p->ids, p->n_ids, j->st, j->message);
-    free(p);
+    gen_submit(j->call, j->request, j->request_len, p, j->st, j->message);
 }
 
 void gen_start(struct call *c, const uint8_t *data, size_t len)
@@ -577,6 +623,5 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     }
     if (st == STATUS_OK && (st = loader_submit_work(c, LANE_GEN, gen_prep_job, gen_prepared, p, data, len)) == STATUS_OK)
         return; /* goes on in gen_prepared */
-    gen_submit(c, data, len, &p->r, NULL, 0, st, status_message());
-    free(p);
+    gen_submit(c, data, len, p, st, status_message());
 }

@@ -97,7 +97,7 @@ static struct journal_entry accept_entry(const struct call *c, const uint8_t *da
 }
 
 enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len, struct request_params *p,
-                                double deadline)
+                                double deadline, long long *end)
 {
     struct server *s = c->s;
     if (strlen(c->request_id) > JOURNAL_KEY_MAX)
@@ -116,9 +116,9 @@ enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len,
         p->has_seed = 1;
     }
     struct journal_entry e = accept_entry(c, data, len, p, deadline);
-    if (journal_accept(s->journal, &e) != STATUS_OK)
+    if (journal_accept_write(s->journal, &e, end) != STATUS_OK)
         return status_errorf(STATUS_UNAVAILABLE, "the stream journal cannot take the request (%s)", status_message());
-    c->journaled = 1;
+    c->journaled = 1; /* its END comes with the call's end, whatever happens now */
     return STATUS_OK;
 }
 

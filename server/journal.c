@@ -49,6 +49,8 @@ struct journal {
     enum journal_fsync policy;
     int             open_requests;  /* ACCEPTs without END */
     off_t           size;
+    long long       written, synced; /* bytes appended since the open, and how many of them a
+                                        journal_sync made durable (the file may be cut to 0 meanwhile) */
     uint64_t        failed_writes;
     double          end_delay_s;    /* journal_end writes END this long later (journal_set_end_delay) */
     struct late_end *late;          /* (n_late) ENDs not written yet, oldest first */
@@ -247,6 +249,8 @@ static enum status append(struct journal *j, struct wbuf *b, int sync)
         } else if (sync && fdatasync(j->fd) != 0)
             st = status_errorf(STATUS_IO, "%s: fsync: %s", j->path, strerror(errno));
         j->size += (off_t)off;
+        j->written += (long long)off;
+        if (st == STATUS_OK && sync) j->synced = j->written;
     }
     free(b->p);
     if (st != STATUS_OK) j->failed_writes++;
@@ -284,15 +288,49 @@ static void write_late(struct journal *j, int all, const char *key)
 
 void journal_set_end_delay(struct journal *j, double seconds) { j->end_delay_s = seconds > 0 ? seconds : 0; }
 
-enum status journal_accept(struct journal *j, const struct journal_entry *e)
+enum status journal_accept_write(struct journal *j, const struct journal_entry *e, long long *end)
 {
     struct wbuf b = record();
     put_accept(&b, e);
     pthread_mutex_lock(&j->mu);
     write_late(j, 0, e->key); /* a key used again: its earlier request's END goes first */
-    enum status st = append(j, &b, j->policy != JOURNAL_FSYNC_NEVER);
+    enum status st = append(j, &b, 0);
     if (st == STATUS_OK) j->open_requests++;
+    *end = j->written;
     pthread_mutex_unlock(&j->mu);
+    return st;
+}
+
+/* Outside the lock: the engine's events and the other fronts' ACCEPTs are written meanwhile,
+ * and one fdatasync covers every record written before it began (group commit). */
+enum status journal_sync(struct journal *j, long long end)
+{
+    pthread_mutex_lock(&j->mu);
+    const long long upto = j->written;
+    const int needed = j->policy != JOURNAL_FSYNC_NEVER && j->synced < end;
+    pthread_mutex_unlock(&j->mu);
+    if (!needed) return STATUS_OK;
+    const int rc = fdatasync(j->fd);
+    const int err = errno;
+    pthread_mutex_lock(&j->mu);
+    if (rc == 0 && upto > j->synced) j->synced = upto;
+    if (rc != 0) j->failed_writes++;
+    pthread_mutex_unlock(&j->mu);
+    return rc == 0 ? STATUS_OK : status_errorf(STATUS_IO, "%s: fsync: %s", j->path, strerror(err));
+}
+
+enum status journal_accept(struct journal *j, const struct journal_entry *e)
+{
+    long long end = 0;
+    enum status st = journal_accept_write(j, e, &end);
+    if (st == STATUS_OK && (st = journal_sync(j, end)) != STATUS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        pthread_mutex_lock(&j->mu);
+        write_end(j, e->key); /* refused: a restart must not resume it */
+        pthread_mutex_unlock(&j->mu);
+        st = status_errorf(st, "%s", msg);
+    }
     return st;
 }
 

@@ -105,6 +105,13 @@ void        journal_close(struct journal *j); /* accepts NULL */
 /* Appends ACCEPT for e (events ignored), fsync'd unless the policy is `never`; STATUS_IO when
  * the write fails (the caller refuses the request: it could not survive a restart). */
 enum status journal_accept(struct journal *j, const struct journal_entry *e);
+/* journal_accept in two steps, so that a thread that must not wait for the disk (the gRPC loop)
+ * hands the second to another: the ACCEPT written, not synced, *end the journal's bytes written
+ * by then; then journal_sync makes everything written up to end durable (one fdatasync, outside
+ * the journal's lock, covers the records of every writer before it; nothing to do when another
+ * sync covered end, or with the policy `never`). Durable only once journal_sync returned OK. */
+enum status journal_accept_write(struct journal *j, const struct journal_entry *e, long long *end);
+enum status journal_sync(struct journal *j, long long end);
 /* Appends EVENT; a failed write is logged and counted, never fatal (the request goes on; a
  * restart may not resume it exactly). je NULL: built from ev. */
 void        journal_event(struct journal *j, const char *key, int run, const struct engine_event *ev);

@@ -1,11 +1,12 @@
-/* server/loader.c - work off the completion-queue loop, on three threads of their own. The load
+/* server/loader.c - work off the completion-queue loop, on four threads of their own. The load
  * thread reads and checks each LoadAdapter's adapter (engine_load_adapter: file reads that may
  * take seconds, or hang on a dead network mount), and loads the served model that a gRPC call
  * names when it is not loaded (serve --models-max, --sleep-idle-seconds: server_acquire). The
  * work thread runs the methods whose CPU work grows with the request (Tokenize of up to 1 MiB of
  * text, about 0.45 s; Detokenize; Embed's tokenization), the prompt thread Generate's and Chat's
- * prompts (the template with the tools, the tokenizer), so that many of them do not stall every
- * stream. Meanwhile the loop goes on answering every other call. Each thread runs its jobs one at
+ * prompts (the template with the tools, the tokenizer), the journal thread the fdatasync of a
+ * journaled Generate's or Chat's ACCEPT (milliseconds each, more on a busy disk), so that many
+ * of them do not stall every stream. Meanwhile the loop goes on answering every other call. Each thread runs its jobs one at
  * a time, in order (a Chat with megabytes of tools delays the next Chat's start, not the running
  * streams nor a Tokenize). A model's load ends by dispatching the call's request again
  * (call_dispatch), the model pinned by the job until then.
@@ -23,7 +24,8 @@
  *
  * Test hooks (seconds, read once when a thread starts): $SHARDLM_TEST_LOAD_DELAY_S makes every
  * load wait that long first, $SHARDLM_TEST_WORK_DELAY_S every work job, $SHARDLM_TEST_GEN_DELAY_S
- * every prompt, so that tests can show other calls answered meanwhile.
+ * every prompt, $SHARDLM_TEST_SYNC_DELAY_S every ACCEPT's sync, so that tests can show other calls
+ * answered meanwhile.
  * Not here: parsing and the other methods (methods.c), the call's state machine (call.c).
  * Tests: tests/server/test_lora_serving.py (run_time: a FIFO refused at once, calls answered
  * during a slow load, a client cancel during a load); tests/server/test_models_lru.py (gRPC calls
@@ -148,9 +150,9 @@ static void *loader_main(void *arg)
 static enum status job_queue(struct call *c, struct load_job *j)
 {
     struct server *s = c->s;
-    static const char *const names[LANE_COUNT] = {"load", "work", "prompt"};
+    static const char *const names[LANE_COUNT] = {"load", "work", "prompt", "journal"};
     static const char *const hooks[LANE_COUNT] = {"SHARDLM_TEST_LOAD_DELAY_S", "SHARDLM_TEST_WORK_DELAY_S",
-                                                  "SHARDLM_TEST_GEN_DELAY_S"};
+                                                  "SHARDLM_TEST_GEN_DELAY_S", "SHARDLM_TEST_SYNC_DELAY_S"};
     const int k = j->lane;
     struct job_lane *lane = &s->lanes[k];
     j->call = c;

@@ -203,6 +203,7 @@ enum job_lane_kind {
     LANE_LOAD, /* LoadAdapter, a model not loaded */
     LANE_WORK, /* Tokenize, Detokenize, Embed's tokenization */
     LANE_GEN,  /* Generate's and Chat's prompts (a lane of their own: a big Tokenize does not hold them up) */
+    LANE_SYNC, /* the journal's fdatasync of a journaled Generate's or Chat's ACCEPT */
     LANE_COUNT
 };
 
@@ -248,7 +249,7 @@ struct job_lane {
     pthread_cond_t   cv;
     struct load_job *todo, *todo_tail;  /* waiting for the thread, in order */
     struct load_job *done;              /* finished, for the loop to answer */
-    double           test_delay_s;      /* $SHARDLM_TEST_{LOAD,WORK,GEN}_DELAY_S (tests) */
+    double           test_delay_s;      /* $SHARDLM_TEST_{LOAD,WORK,GEN,SYNC}_DELAY_S (tests) */
 };
 
 struct request_slot {
@@ -603,10 +604,11 @@ int         grpc_resume_entry(struct server *s, struct journal_entry *e);
 void        grpc_resume_sweep(struct server *s);
 void        grpc_resume_stop(struct server *s);
 /* Loop thread: a first-run call's ACCEPT (body data[0..len), its seed fixed first, deadline in
- * Unix seconds or 0); claims its request id. STATUS_ALREADY_EXISTS when a running or resumed
- * request has it, STATUS_UNAVAILABLE when the journal cannot take it. */
+ * Unix seconds or 0), written but not synced (*end for journal_sync, which the loader's journal
+ * thread runs: generation.c); claims its request id. STATUS_ALREADY_EXISTS when a running or
+ * resumed request has it, STATUS_UNAVAILABLE when the journal cannot take it. */
 enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len, struct request_params *p,
-                                double deadline);
+                                double deadline, long long *end);
 /* Engine thread: a journaled call's event, journaled before its client can see it. */
 void        grpc_journal_event(struct call *c, const struct engine_event *ev);
 /* Loop thread: a call with metadata shardlm-resume-token reattaches to its journaled request

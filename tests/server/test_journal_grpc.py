@@ -31,6 +31,9 @@ stories260K under --batch-invariant, driven by grpcio. Groups:
              after the grace NOT_FOUND and the id free again; grace 0 ends the request at once;
              with SmolLM2's GGUF (slow enough) a request running at the grace's end is cancelled,
              its id taken again at once, and the journal reopens with nothing open
+  sync       the ACCEPT's fdatasync off the gRPC loop: with each slowed by 2 s, a running stream and
+             other calls go on during another call's sync; a call that gives up meanwhile never
+             reaches the engine and its journal entry is ended
 Reference answers come from a journaled server that is never interrupted; no expected text here.
 
   test_journal_grpc.py --shardlm BUILD/cli/shardlm [GROUP...]
@@ -761,9 +764,63 @@ def group_detach(shardlm, model, work, gguf=None):
               "the journal reopens with nothing open: the cancelled request's END came before its id was taken again")
 
 
+def group_sync(shardlm, model, work):
+    """The ACCEPT's fdatasync runs on the loader's journal thread, not the gRPC loop: with each sync
+    slowed by 2 s (SHARDLM_TEST_SYNC_DELAY_S), a running stream's messages keep coming and a
+    GetModelInfo and a health check are answered while another Generate's ACCEPT syncs; that
+    Generate then gives a server without a journal's tokens; one whose client gives up during its
+    sync (its deadline) never reaches the engine, and the journal reopens with nothing open."""
+    delay = 2.0
+    with server(shardlm, model, name="sync-plain") as srv:
+        want = stub(srv).Generate(gen_req(max_tokens=8, temperature=0), timeout=30).token_ids
+    journal = work / "journal-sync"
+    env = {**os.environ, "SHARDLM_TEST_SYNC_DELAY_S": str(delay), "SHARDLM_TEST_STEP_DELAY_MS": "10"}
+    with server(shardlm, model, "--journal", str(journal), name="sync", env=env) as srv, srv.client(timeout=30) as c:
+        st = stub(srv)
+        arrivals = []
+        running = st.GenerateStream(gen_req("sync-a", max_tokens=400, ignore_eos=True, temperature=0))
+        t0 = time.time()
+        first = next(running)  # after its own ACCEPT's sync
+        check(time.time() - t0 >= delay - 0.1 and first.token_ids, f"the first stream waits for its sync ({time.time() - t0:.2f} s)")
+        reader = threading.Thread(target=lambda: [arrivals.append(time.time()) for _ in running])
+        reader.start()
+        got = {}
+        gen = threading.Thread(target=lambda: got.update(b=(st.Generate(gen_req("sync-b", max_tokens=8, temperature=0),
+                                                                       timeout=30).token_ids, time.time())))
+        t1 = time.time()
+        gen.start()
+        time.sleep(0.3)
+        t2 = time.time()
+        c.model_info()
+        TS.health_check(srv.target)
+        answered = time.time() - t2
+        gen.join(timeout=30)
+        during = [t for t in arrivals if t1 + 0.2 < t < t1 + delay - 0.2]
+        gaps = [b - a for a, b in zip(during, during[1:])]
+        check(answered < delay - 0.8, f"GetModelInfo and a health check during another call's sync: {answered:.2f} s")
+        check(len(during) >= 5 and max(gaps) < 0.5,
+              f"a running stream's messages during another call's sync: {len(during)}, largest gap "
+              f"{max(gaps or [0]):.2f} s")
+        check(got.get("b", (None,))[0] == want and got["b"][1] - t1 >= delay - 0.1,
+              f"the Generate after its sync: a plain server's tokens ({got.get('b')}, want {want})")
+        before = c.server_stats().requests_submitted
+        try:
+            st.Generate(gen_req("sync-c", max_tokens=8), timeout=0.5)
+            check(False, "a Generate whose client gave up during its sync: succeeded")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, f"a Generate whose client gave up: {e.code()}")
+        time.sleep(delay)  # its sync ends; nothing is submitted
+        check(c.server_stats().requests_submitted == before, "the Generate that gave up never reached the engine")
+        reader.join(timeout=60)
+    with server(shardlm, model, "--journal", str(journal), name="sync-restart") as srv:
+        log = srv.log_path.read_text()
+        check("0 open request(s)" in log, "the journal reopens with nothing open (the call that gave up has its END)")
+
+
 GROUPS = {"restart": group_restart, "live": group_live, "deadline": group_deadline, "cancel": group_cancel,
           "owners": group_owners,
-          "drain": group_drain, "client": group_client, "cclient": group_cclient, "detach": group_detach}
+          "drain": group_drain, "client": group_client, "cclient": group_cclient, "detach": group_detach,
+          "sync": group_sync}
 
 
 def main():
