@@ -685,6 +685,8 @@ enum status http_finetune_handle(struct server *s, const char *owner, const char
             else cJSON_Delete(items);
         } else st = status_errorf(STATUS_INVALID_ARGUMENT, "method %s: /v1/files takes GET or POST", method);
     } else if (url_id(url, "/v1/files/", id, sizeof id, &rest)) {
+        char content[PATH_MAX];
+        int content_fd = -1;
         pthread_mutex_lock(&ft->mu);
         struct ft_file *f = file_by_id(ft, id, owner);
         if (!f) st = status_errorf(STATUS_NOT_FOUND, "file '%s' does not exist", id);
@@ -707,13 +709,15 @@ enum status http_finetune_handle(struct server *s, const char *owner, const char
                 cJSON_AddBoolToObject(o, "deleted", 1);
             }
         } else if (!strcmp(rest, "/content") && get) {
-            char path[PATH_MAX];
-            path_of(s, path, sizeof path, "files", id, NULL);
-            st = base_read_file(path, (size_t)s->opts.finetune_max_file_mb << 20, "file", out, out_len);
+            /* Opened under the lock (a DELETE meanwhile leaves the open file readable), read after
+             * it: up to --fine-tuning-max-file-mb must not hold every other fine-tuning call. */
+            path_of(s, content, sizeof content, "files", id, NULL);
+            st = base_open_file(content, &content_fd, NULL);
             *out_type = "application/octet-stream";
         } else st = status_errorf(STATUS_NOT_FOUND, "no such route: %s %s", method, url);
         pthread_mutex_unlock(&ft->mu);
-        if (st == STATUS_OK && !o) return STATUS_OK; /* the content */
+        if (content_fd >= 0)
+            return base_read_fd(content_fd, content, (size_t)s->opts.finetune_max_file_mb << 20, "file", out, out_len);
     } else if (!strcmp(url, "/v1/fine_tuning/jobs")) {
         if (post) st = create_job(s, owner, body, len, &o);
         else if (get && (st = http_list_options(q, "after,limit", 20, 100, &lo)) != STATUS_OK) {

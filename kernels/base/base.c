@@ -225,6 +225,14 @@ enum status base_read_file(const char *path, size_t max_bytes, const char *what,
     int fd;
     enum status st = base_open_file(path, &fd, NULL);
     if (st != STATUS_OK) return st;
+    return base_read_fd(fd, path, max_bytes, what, text, len);
+}
+
+enum status base_read_fd(int fd, const char *path, size_t max_bytes, const char *what, char **text, size_t *len)
+{
+    *text = NULL;
+    if (len) *len = 0;
+    enum status st = STATUS_OK;
     FILE *f = fdopen(fd, "rb");
     if (!f) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: %s", path, strerror(errno));

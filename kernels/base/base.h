@@ -103,6 +103,9 @@ size_t base_utf8_valid_prefix(const char *s, size_t len);
  * failures STATUS_IO or STATUS_RESOURCE_EXHAUSTED. The one file reader of the project (configs,
  * JSON, data, key files). */
 enum status base_read_file(const char *path, size_t max_bytes, const char *what, char **text, size_t *len);
+/* The same from fd (closed here, whatever happens), opened by base_open_file on path (named in
+ * the errors): a caller that must find the file under a lock reads it after the lock. */
+enum status base_read_fd(int fd, const char *path, size_t max_bytes, const char *what, char **text, size_t *len);
 
 /* The directory of a file's path into out (cap bytes): "dir/name" -> "dir", "/name" -> "/",
  * "name" -> ".". */
