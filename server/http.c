@@ -219,10 +219,24 @@ struct http_conn {
     char   *body;
     size_t  len, cap;
     int     too_big;
+    int     upload;     /* POST /v1/files (fine-tuning on): the upload limit, not a request's */
     enum http_route route;
     struct http_slot *slot; /* the connection's (http_guard.c) */
     struct http_gen *g;  /* a submitted generation request (one reference) */
 };
+
+/* The largest body of a request: a file upload's (--fine-tuning-max-file-mb, POST /v1/files where
+ * fine-tuning is on), else a request's (--max-message-bytes: a job's creation too; without
+ * fine-tuning its routes are answered 404 by their handler). */
+static size_t body_limit(const struct server *s, const struct http_conn *hc)
+{
+    return hc->upload ? (size_t)s->opts.finetune_max_file_mb << 20 : (size_t)s->opts.max_receive_bytes;
+}
+
+static const char *body_limit_flag(const struct http_conn *hc)
+{
+    return hc->upload ? "--fine-tuning-max-file-mb" : "--max-message-bytes";
+}
 
 static int connection_fd(struct MHD_Connection *c)
 {
@@ -513,8 +527,11 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
 static enum MHD_Result handle_finetune(struct server *s, struct MHD_Connection *c, struct http_conn *hc, const char *url,
                                       const char *method)
 {
-    if (hc->too_big) return reply_error(c, 0, 413, "invalid_request_error", "request_too_large",
-                                        "the upload is larger than --fine-tuning-max-file-mb");
+    if (hc->too_big) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (%s)", body_limit(s, hc), body_limit_flag(hc));
+        return reply_error(c, 0, 413, "invalid_request_error", "request_too_large", msg);
+    }
     char *out = NULL;
     size_t len = 0;
     const char *type = NULL;
@@ -534,14 +551,6 @@ static struct http_slot *slot_of(struct MHD_Connection *c)
     return ci ? ci->socket_context : NULL;
 }
 
-/* The largest body of a route: an upload's (--fine-tuning-max-file-mb) where fine-tuning is on,
- * else a request's (without it a fine-tuning route is answered 404 by its handler: the upload
- * limit, 0 then, refused every body as too large, 413). */
-static size_t body_limit(const struct server *s, enum http_route r)
-{
-    return r == ROUTE_FINETUNE && s->finetune ? (size_t)s->opts.finetune_max_file_mb << 20
-                                              : (size_t)s->opts.max_receive_bytes;
-}
 
 /* Everything that is decided by the headers alone, before a byte of the body is read: the
  * connection's admission, route, method, API key, content type and declared length. Returns 1
@@ -587,10 +596,10 @@ static int refuse_early(struct server *s, struct MHD_Connection *c, struct http_
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     char *end = NULL;
     unsigned long long declared = cl ? strtoull(cl, &end, 10) : 0;
-    if (cl && end != cl && declared > body_limit(s, hc->route)) {
+    if (cl && end != cl && declared > body_limit(s, hc)) {
         char msg[128];
-        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (%s)", body_limit(s, hc->route),
-                 hc->route == ROUTE_FINETUNE ? "--fine-tuning-max-file-mb" : "--max-message-bytes");
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (%s)", body_limit(s, hc),
+                 body_limit_flag(hc));
         *ret = reply_error(c, an, 413, "invalid_request_error", "request_too_large", msg);
         return 1;
     }
@@ -608,6 +617,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = hc;
         hc->slot = slot_of(c);
         hc->route = http_route_of(url);
+        hc->upload = hc->route == ROUTE_FINETUNE && s->finetune && !strcmp(method, "POST") && !strcmp(url, "/v1/files");
         enum MHD_Result ret;
         if (refuse_early(s, c, hc, method, &ret)) {
             http_guard_phase(s->http_guard, hc->slot, HTTP_PHASE_HANDLING);
@@ -617,7 +627,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
-        if (hc->len + *upload_size > body_limit(s, hc->route)) hc->too_big = 1;
+        if (hc->len + *upload_size > body_limit(s, hc)) hc->too_big = 1;
         if (!hc->too_big) http_buf_append(&hc->body, &hc->len, &hc->cap, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;

@@ -205,6 +205,9 @@ def body(work, env):
             (lambda: oa.files.create(file=("x.jsonl", b'{"text": "a"}\n'), purpose="assistants"), 400, "assistants"),
             (lambda: oa.files.create(file=("big.jsonl", b'{"text": "' + b"a" * (1 << 20) + b'"}\n'),
                                      purpose="fine-tune"), 413, "fine-tuning-max-file-mb"),
+            # A job's creation is a request, not an upload: --max-message-bytes (4 MiB), not the upload limit.
+            (lambda: oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id, suffix="a" * (5 << 20)), 413,
+             "max-message-bytes"),
             (lambda: oa.fine_tuning.jobs.create(model="nope", training_file=f.id), 404, "nope"),
             (lambda: oa.fine_tuning.jobs.create(model="stories260K", training_file="file-0"), 404, "file-0"),
             (lambda: oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id,
