@@ -45,8 +45,8 @@ static void stop_reason(const struct http_gen *g, int calls, cJSON *o)
     const struct http_request *q = &g->q;
     const char *r = "end_turn";
     const char *seq = NULL;
-    if (calls) r = "tool_use";
-    else if (b->finish == FINISH_REASON_LENGTH) r = "max_tokens";
+    if (b->finish == FINISH_REASON_LENGTH) r = "max_tokens"; /* a tool_use block may be cut short */
+    else if (calls) r = "tool_use";
     else if (b->finish == FINISH_REASON_STOP && q->n_user_stops > 0 && !q->tools) {
         r = "stop_sequence";
         if (q->n_user_stops == 1) seq = q->r.stop[0];

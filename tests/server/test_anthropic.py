@@ -121,7 +121,10 @@ def plain(an, oa, mid):
 def tools(an, mid):
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     uses_any = None
-    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+    # One call each (disable_parallel_tool_use): greedy may otherwise repeat the call until max_tokens
+    # cuts one (which it does depends on the CPU's rounding; the cut is checked below).
+    for choice in ({"type": "any", "disable_parallel_tool_use": True},
+                   {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}):
         m = an.messages.create(model=mid, max_tokens=64, messages=ask, tools=[WEATHER], tool_choice=choice,
                                extra_body=T0)
         uses = [b for b in m.content if b.type == "tool_use"]
@@ -132,14 +135,14 @@ def tools(an, mid):
         except Exception as e:  # noqa: BLE001
             print(f"  {e}")
             ok = False
-        check(ok and m.stop_reason == "tool_use", f"tool_choice {choice['type']}: {[(u.name, u.input) for u in uses]}, "
-              f"{m.stop_reason}")
+        check(ok and len(uses) == 1 and m.stop_reason == "tool_use",
+              f"tool_choice {choice['type']}: {[(u.name, u.input) for u in uses]}, {m.stop_reason}")
         uses_any = uses if uses_any is None else uses_any
     # Streamed: each tool_use block's input_json_delta fragments assemble to its unary input (the
     # model may make several calls: one block each).
     partial, start = {}, None
-    with an.messages.stream(model=mid, max_tokens=64, messages=ask, tools=[WEATHER], tool_choice={"type": "any"},
-                            extra_body=T0) as s:
+    with an.messages.stream(model=mid, max_tokens=64, messages=ask, tools=[WEATHER],
+                            tool_choice={"type": "any", "disable_parallel_tool_use": True}, extra_body=T0) as s:
         for ev in s:
             if ev.type == "content_block_start" and ev.content_block.type == "tool_use":
                 start = ev.content_block
@@ -150,6 +153,17 @@ def tools(an, mid):
     streamed = [json.loads(partial[i]) for i in sorted(partial)]
     check(start is not None and streamed == [u.input for u in uses_any] and final.stop_reason == "tool_use",
           f"streamed tool_use blocks: {partial!r}")
+    # A call cut by max_tokens (20 tokens: past the forced '{"tool_calls":[{"name":"get_weather",...' that
+    # opens its tool_use block, short of its required arguments): stop_reason max_tokens, not
+    # tool_use, unary and streamed.
+    cut = an.messages.create(model=mid, max_tokens=20, messages=ask, tools=[WEATHER], tool_choice={"type": "any"},
+                             extra_body=T0)
+    with an.messages.stream(model=mid, max_tokens=20, messages=ask, tools=[WEATHER], tool_choice={"type": "any"},
+                            extra_body=T0) as s:
+        cut_streamed = s.get_final_message()
+    check([b.type for b in cut.content] == [b.type for b in cut_streamed.content] == ["tool_use"] and
+          cut.stop_reason == cut_streamed.stop_reason == "max_tokens" and cut.usage.output_tokens == 20,
+          f"a call cut by max_tokens: stop_reason {cut.stop_reason} / {cut_streamed.stop_reason}, {cut.content}")
     # The tool_result turn: the history renders and the model answers.
     u = uses[0]
     follow = ask + [{"role": "assistant", "content": [{"type": "tool_use", "id": u.id, "name": u.name, "input": u.input}]},
