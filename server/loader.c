@@ -1,15 +1,16 @@
-/* server/loader.c - work off the completion-queue loop, on four threads of their own. The load
- * thread reads and checks each LoadAdapter's adapter (engine_load_adapter: file reads that may
- * take seconds, or hang on a dead network mount), and loads the served model that a gRPC call
- * names when it is not loaded (serve --models-max, --sleep-idle-seconds: server_acquire). The
- * work thread runs the methods whose CPU work grows with the request (Tokenize of up to 1 MiB of
- * text, about 0.45 s; Detokenize; Embed's tokenization), the prompt thread Generate's and Chat's
- * prompts (the template with the tools, the tokenizer), the journal thread the fdatasync of a
- * journaled Generate's or Chat's ACCEPT (milliseconds each, more on a busy disk), so that many
- * of them do not stall every stream. Meanwhile the loop goes on answering every other call. Each thread runs its jobs one at
- * a time, in order (a Chat with megabytes of tools delays the next Chat's start, not the running
- * streams nor a Tokenize). A model's load ends by dispatching the call's request again
- * (call_dispatch), the model pinned by the job until then.
+/* server/loader.c - work off the completion-queue loop, on threads of their own, one lane of
+ * them per kind of work. The load thread reads and checks each LoadAdapter's adapter
+ * (engine_load_adapter: file reads that may take seconds, or hang on a dead network mount), and
+ * loads the served model that a gRPC call names when it is not loaded (serve --models-max,
+ * --sleep-idle-seconds: server_acquire). The two work threads run the methods whose CPU work
+ * grows with the request (Tokenize of up to 1 MiB of text, about 0.45 s; Detokenize; Embed's
+ * tokenization), the two prompt threads Generate's and Chat's prompts (the template with the
+ * tools, the tokenizer), the journal thread the fdatasync of a journaled Generate's or Chat's
+ * ACCEPT (milliseconds each, more on a busy disk), so that many of them do not stall every
+ * stream. Meanwhile the loop goes on answering every other call. A lane's jobs start in order;
+ * with two threads a Chat with megabytes of tools delays no other Chat's start unless two such
+ * are ahead of it. A model's load ends by dispatching the call's request again (call_dispatch),
+ * the model pinned by the job until then.
  *
  * Ownership: the loop thread parses the request and queues a job (loader_submit,
  * loader_submit_model, loader_submit_work); the call keeps a pointer to it (call.load_job), and
@@ -146,27 +147,36 @@ static void *loader_main(void *arg)
     return NULL;
 }
 
-/* Starts j's thread on first use and queues j for it (c keeps it: call.load_job). */
+/* Starts j's lane's threads on first use and queues j for them (c keeps it: call.load_job). The
+ * work and prompt lanes have two threads, so that one big Tokenize or Chat does not hold up the
+ * next (jobs start in order; each call's job is its own); loads run one at a time, and the
+ * journal's syncs cover each other (journal_sync). */
 static enum status job_queue(struct call *c, struct load_job *j)
 {
     struct server *s = c->s;
     static const char *const names[LANE_COUNT] = {"load", "work", "prompt", "journal"};
     static const char *const hooks[LANE_COUNT] = {"SHARDLM_TEST_LOAD_DELAY_S", "SHARDLM_TEST_WORK_DELAY_S",
                                                   "SHARDLM_TEST_GEN_DELAY_S", "SHARDLM_TEST_SYNC_DELAY_S"};
+    static const int threads[LANE_COUNT] = {1, LANE_THREADS_MAX, LANE_THREADS_MAX, 1};
     const int k = j->lane;
     struct job_lane *lane = &s->lanes[k];
     j->call = c;
     atomic_init(&j->abandoned, 0);
-    if (!lane->started) {
+    if (!lane->n_threads) {
         lane->test_delay_s = server_test_delay(hooks[k]);
-        struct lane_arg *a = malloc(sizeof *a);
-        if (a) *a = (struct lane_arg){s, lane};
-        if (!a || pthread_create(&lane->thread, NULL, loader_main, a) != 0) {
-            free(a);
+        while (lane->n_threads < threads[k]) {
+            struct lane_arg *a = malloc(sizeof *a);
+            if (a) *a = (struct lane_arg){s, lane};
+            if (!a || pthread_create(&lane->threads[lane->n_threads], NULL, loader_main, a) != 0) {
+                free(a);
+                break;
+            }
+            lane->n_threads++;
+        }
+        if (!lane->n_threads) {
             job_free(j);
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "cannot start the loader's %s thread", names[k]);
         }
-        lane->started = 1;
     }
     c->load_job = j;
     pthread_mutex_lock(&lane->mu);
@@ -234,7 +244,7 @@ void loader_drain(struct server *s)
 {
     for (int k = 0; k < LANE_COUNT; k++) {
         struct job_lane *lane = &s->lanes[k];
-        if (!lane->started) continue;
+        if (!lane->n_threads) continue;
         pthread_mutex_lock(&lane->mu);
         struct load_job *done = lane->done;
         lane->done = NULL;
@@ -272,13 +282,13 @@ void loader_stop(struct server *s)
 {
     for (int k = 0; k < LANE_COUNT; k++) {
         struct job_lane *lane = &s->lanes[k];
-        if (!lane->started) continue;
+        if (!lane->n_threads) continue;
         pthread_mutex_lock(&lane->mu);
         lane->stop = 1;
-        pthread_cond_signal(&lane->cv);
+        pthread_cond_broadcast(&lane->cv);
         pthread_mutex_unlock(&lane->mu);
-        pthread_join(lane->thread, NULL);
-        lane->started = 0;
+        for (int i = 0; i < lane->n_threads; i++) pthread_join(lane->threads[i], NULL);
+        lane->n_threads = 0;
         CHECK(!lane->todo && !lane->done, "loader jobs left after the last call was freed");
     }
 }

@@ -241,10 +241,11 @@ struct load_job {
     size_t           out_len;
 };
 
-/* One of the loader's threads and its queue (loader.c). */
+/* One of the loader's lanes: its threads and their queue (loader.c). */
+#define LANE_THREADS_MAX 2
 struct job_lane {
-    pthread_t        thread;
-    int              started, stop;
+    pthread_t        threads[LANE_THREADS_MAX];
+    int              n_threads, stop; /* n_threads: started (0 until the lane's first job) */
     pthread_mutex_t  mu;
     pthread_cond_t   cv;
     struct load_job *todo, *todo_tail;  /* waiting for the thread, in order */

@@ -433,10 +433,10 @@ def group_work(env):
     Tokenize, and again during an Embed, are answered well before it ends; the Tokenize's, the
     Detokenize's and the Embed's answers equal a plain server's; a Tokenize or an Embed whose client
     gave up (its deadline) is DEADLINE_EXCEEDED, and the server goes on; a SIGTERM during one
-    drains cleanly. Generate's and Chat's prompts are built on a thread of their own: with each
+    drains cleanly. Generate's and Chat's prompts are built on two threads of their own: with each
     slowed by 2 s (SHARDLM_TEST_GEN_DELAY_S), GetModelInfo, Tokenize and a health check during a
-    Generate are answered well before it, its tokens a plain server's; one whose client gave up
-    never reaches the engine."""
+    Generate are answered well before it, its tokens a plain server's; two Generates sent together
+    both finish after one delay; one whose client gave up never reaches the engine."""
     text, other = "Once upon a time, there was a little dog.", "The sun"
     with Server(env.shardlm, env.model, name="work-plain") as srv, srv.client() as c:
         want_ids = c.tokenize(text)
@@ -501,6 +501,15 @@ def group_work(env):
                lambda: (c.model_info(), c.tokenize(text), health_check(srv.target)), "Generate")
         check(got["gen"][0] == want_gen and got["gen"][1] >= delay,
               f"the slow Generate: {got['gen']} (want {want_gen} after {delay} s)")
+        # The prompt lane has two threads: two Generates sent together both finish after one delay.
+        pair = [threading.Thread(target=timed, args=(k, lambda: c.generate(text, max_tokens=8, temperature=0).token_ids))
+                for k in ("p1", "p2")]
+        for t in pair:
+            t.start()
+        for t in pair:
+            t.join(timeout=30)
+        check(all(got[k][0] == want_gen and got[k][1] < 2 * delay - 0.5 for k in ("p1", "p2")),
+              f"two Generates at once, each {delay} s of prompt: {got.get('p1')}, {got.get('p2')}")
         before = c.server_stats().requests_submitted
         gone("gen-gone", lambda: c.generate(text, max_tokens=8, timeout=0.5), "Generate")
         time.sleep(delay)  # its prompt is built and dropped: nothing runs
