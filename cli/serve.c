@@ -35,7 +35,8 @@
  *   --tls-cert F --tls-key F serve TLS with this PEM certificate chain and key
  *   --drain-timeout S        seconds running requests may finish after SIGTERM [30]
  *   --send-timeout S         a gRPC call whose client takes no message for S seconds (a client
- *                            that stops reading) is cancelled; 0 = never [60]
+ *                            that stops reading) is cancelled; HTTP sockets get it as their
+ *                            TCP_USER_TIMEOUT; 0 = never [60]
  *   --max-message-bytes N    largest request message (gRPC) or body (HTTP) [4194304]
  *   --http ADDR              also serve the OpenAI-compatible HTTP API and /metrics on ADDR
  *                            (HOST:PORT; ":PORT" or "PORT" = 127.0.0.1) [off]

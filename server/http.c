@@ -745,7 +745,7 @@ enum status http_start(struct server *s)
     int max_stored = o->http_responses_store > 0 ? o->http_responses_store : 1024;
     if ((st = http_responses_store_init(max_stored, HTTP_RESPONSES_STORE_BYTES, &s->http_responses)) != STATUS_OK ||
         (o->finetune_dir && (st = http_finetune_start(s)) != STATUS_OK) ||
-        (st = http_guard_start(header_s, body_s, (int)max_conn, per_addr, &s->http_guard)) != STATUS_OK) {
+        (st = http_guard_start(header_s, body_s, s->opts.send_timeout_s, (int)max_conn, per_addr, &s->http_guard)) != STATUS_OK) {
         free(cert);
         free(key);
         return st;

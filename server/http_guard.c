@@ -52,7 +52,7 @@ struct http_guard {
     pthread_cond_t    cv;
     struct http_slot *head;
     int               n_admitted;
-    double            header_s, body_s;
+    double            header_s, body_s, send_s;
     int               max_conn, max_per_addr; /* max_per_addr 0: no cap */
     int               stop;
     pthread_t         thread;
@@ -94,7 +94,8 @@ static void *watchdog(void *arg)
     return NULL;
 }
 
-enum status http_guard_start(double header_s, double body_s, int max_conn, int max_per_addr, struct http_guard **out)
+enum status http_guard_start(double header_s, double body_s, double send_s, int max_conn, int max_per_addr,
+                             struct http_guard **out)
 {
     *out = NULL;
     struct http_guard *g = calloc(1, sizeof *g);
@@ -103,6 +104,7 @@ enum status http_guard_start(double header_s, double body_s, int max_conn, int m
     pthread_cond_init(&g->cv, NULL);
     g->header_s = header_s;
     g->body_s = body_s;
+    g->send_s = send_s;
     g->max_conn = max_conn;
     g->max_per_addr = max_per_addr;
     if (pthread_create(&g->thread, NULL, watchdog, g)) {
@@ -132,26 +134,27 @@ void http_guard_stop(struct http_guard *g)
 
 /* A peer that vanished without a FIN or a reset (a host or a NAT gone) is found within about a
  * minute, not TCP's 15 of retransmissions: keepalive probes after 20 s idle (3, 5 s apart), and
- * sent data unacknowledged for 60 s ends the connection (TCP_USER_TIMEOUT, as nginx's
- * send_timeout: a client that stops reading for a minute is gone too). Until then a journaled
- * request's reattaching client is refused (409: its old connection still reads it). */
-static void keep_alive(int fd)
+ * sent data unacknowledged, or not taken by a client whose window stays shut, for send_s seconds
+ * (--send-timeout, 60 by default) ends the connection (TCP_USER_TIMEOUT, as nginx's send_timeout:
+ * a client that stops reading is gone too; send_s 0: not set). Until then a journaled request's
+ * reattaching client is refused (409: its old connection still reads it). */
+static void keep_alive(int fd, double send_s)
 {
     const int on = 1, idle = 20, intvl = 5, cnt = 3;
-    const unsigned timeout_ms = 60000;
+    const unsigned timeout_ms = (unsigned)(send_s * 1000.0 + 0.5);
     if (fd < 0) return;
     (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
     (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
+    if (timeout_ms > 0) (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
 }
 
 struct http_slot *http_guard_open(struct http_guard *g, int fd, const struct sockaddr *peer)
 {
     struct http_slot *s = calloc(1, sizeof *s);
     if (!s) return NULL;
-    keep_alive(fd);
+    keep_alive(fd, g->send_s);
     s->fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
     peer_address(peer, s->addr, sizeof s->addr);
     s->phase = HTTP_PHASE_HEADERS;

@@ -569,9 +569,10 @@ struct http_guard;
 struct http_slot;
 struct sockaddr;
 
-/* Starts the watchdog. header_s, body_s: the deadlines of HEADERS and BODY; max_conn:
- * connections admitted at most; max_per_addr: at most from one peer address (0: no cap). */
-enum status http_guard_start(double header_s, double body_s, int max_conn, int max_per_addr,
+/* Starts the watchdog. header_s, body_s: the deadlines of HEADERS and BODY; send_s: each
+ * socket's TCP_USER_TIMEOUT (--send-timeout; 0: not set); max_conn: connections admitted at most;
+ * max_per_addr: at most from one peer address (0: no cap). */
+enum status http_guard_start(double header_s, double body_s, double send_s, int max_conn, int max_per_addr,
                              struct http_guard **out);
 /* Stops the watchdog and frees g, after the daemon has stopped (every slot closed). Accepts NULL. */
 void        http_guard_stop(struct http_guard *g);

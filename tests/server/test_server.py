@@ -523,10 +523,11 @@ def group_send_timeout(env):
     its blocks come back, and the client that reads again finds DEADLINE_EXCEEDED naming the
     flag. A client that pauses for less than the timeout now and then gets its whole answer, a
     plain client's tokens. The clients' windows are kept small (lookahead 1 KiB, no BDP
-    probing), so that the first few steps fill them."""
+    probing), so that the first few steps fill them. On the HTTP front the flag is each socket's
+    TCP_USER_TIMEOUT: an SSE client that reads nothing is cut and its request cancelled."""
     small = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
     req = Client.generate_request("Once upon a time", **LONG)
-    with Server(env.shardlm, env.model, "--send-timeout", "2", name="send-timeout", env=slow_steps(10)) as srv, \
+    with Server(env.shardlm, env.model, "--send-timeout", "2", name="send-timeout", env=slow_steps(10), http=True) as srv, \
             srv.client() as c, grpc.insecure_channel(srv.target, options=small) as ch:
         want = c.generate("Once upon a time", max_tokens=64, temperature=0).token_ids
         base = wait_until(lambda: stats_settled(c), "idle stats")
@@ -555,6 +556,21 @@ def group_send_timeout(env):
                 if n_msgs % 8 == 0:
                     time.sleep(0.5)
         check(all(x == want for x in ids), f"the pausing reader's answer ({n_msgs} messages): {[len(x) for x in ids]} tokens")
+        # HTTP: the same flag is each socket's TCP_USER_TIMEOUT; an SSE client with a 2 KiB receive
+        # buffer that reads nothing is cut, its request cancelled.
+        base = wait_until(lambda: stats_settled(c), "idle stats")
+        body = ('{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 480, "n": 16, "stream": true, '
+                '"ignore_eos": true, "temperature": 0}').encode()
+        with socket.socket() as sk:
+            sk.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+            sk.connect(("127.0.0.1", srv.http_port))
+            sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            wait_until(lambda: c.server_stats().running == 16, "16 running samples (HTTP)")
+            st = wait_until(lambda: stats_settled(c), "the stuck HTTP stream's request to stop", timeout=15)
+            made = st.generated_tokens - base.generated_tokens
+            check(made < 16 * 480 and "status=CANCELLED" in srv.log_path.read_text(),
+                  f"the HTTP stream that reads nothing is cut: {made} of {16 * 480} tokens")
 
 
 def raw_call(target, method, payload: bytes, timeout=10):
