@@ -492,8 +492,6 @@ static void gen_run(struct call *c, const uint8_t *data, size_t len, struct gen_
     struct gen_request *r = &p->r;
     const int32_t *ids = p->ids;
     const int n_ids = p->n_ids;
-    if (st == STATUS_OK && atomic_load(&s->phase) != PHASE_READY) /* a drain began meanwhile */
-        st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down"), message = status_message();
     if (st == STATUS_OK) {
         c->n_prompt_tokens = n_ids;
         c->engine_active = c->n_samples; /* before submit: events may arrive at once */
@@ -524,7 +522,11 @@ static void gen_run(struct call *c, const uint8_t *data, size_t len, struct gen_
  * the engine, and its END follows with the call's end). */
 static void gen_synced(struct load_job *j)
 {
-    gen_run(j->call, j->request, j->request_len, j->ctx, j->st, j->message);
+    enum status st = j->st;
+    const char *message = j->message;
+    if (st == STATUS_OK && atomic_load(&j->call->s->phase) != PHASE_READY) /* a drain began meanwhile */
+        st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down"), message = status_message();
+    gen_run(j->call, j->request, j->request_len, j->ctx, st, message);
 }
 
 /* The rest of gen_start, on the loop, once the prompt is built (st its outcome): the request id,

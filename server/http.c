@@ -238,6 +238,15 @@ static const char *body_limit_flag(const struct http_conn *hc)
     return hc->upload ? "--fine-tuning-max-file-mb" : "--max-message-bytes";
 }
 
+/* 413 for a body over body_limit (declared or grown past it), naming the limit and its flag. */
+static enum MHD_Result reply_too_large(const struct server *s, struct MHD_Connection *c, int an_api,
+                                       const struct http_conn *hc)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (%s)", body_limit(s, hc), body_limit_flag(hc));
+    return reply_error(c, an_api, 413, "invalid_request_error", "request_too_large", msg);
+}
+
 static int connection_fd(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -383,11 +392,7 @@ static enum MHD_Result generate_on(struct server *s, struct MHD_Connection *c, s
 static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat)
 {
     const int an_api = http_route_anthropic(hc->route);
-    if (hc->too_big) { /* a body without Content-Length (chunked) that grew past the limit */
-        char msg[128];
-        snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
-        return reply_error(c, an_api, 413, "invalid_request_error", "request_too_large", msg);
-    }
+    if (hc->too_big) return reply_too_large(s, c, an_api, hc); /* a chunked body grew past the limit */
     if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, an_api, STATUS_UNAVAILABLE, "the server is not serving");
     struct http_gen *g = NULL;
     const char *key;
@@ -479,11 +484,7 @@ static enum MHD_Result serve_gen(struct server *s, struct MHD_Connection *c, str
 
 static enum MHD_Result handle_embeddings(struct server *s, struct MHD_Connection *c, struct http_conn *hc)
 {
-    if (hc->too_big) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
-        return reply_error(c, 0, 413, "invalid_request_error", "request_too_large", msg);
-    }
+    if (hc->too_big) return reply_too_large(s, c, 0, hc);
     if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, 0, STATUS_UNAVAILABLE, "the server is not serving");
     char *json = NULL;
     enum status st = http_embeddings(s, hc->body ? hc->body : "", hc->len, &json);
@@ -527,11 +528,7 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
 static enum MHD_Result handle_finetune(struct server *s, struct MHD_Connection *c, struct http_conn *hc, const char *url,
                                       const char *method)
 {
-    if (hc->too_big) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (%s)", body_limit(s, hc), body_limit_flag(hc));
-        return reply_error(c, 0, 413, "invalid_request_error", "request_too_large", msg);
-    }
+    if (hc->too_big) return reply_too_large(s, c, 0, hc);
     char *out = NULL;
     size_t len = 0;
     const char *type = NULL;
@@ -597,10 +594,7 @@ static int refuse_early(struct server *s, struct MHD_Connection *c, struct http_
     char *end = NULL;
     unsigned long long declared = cl ? strtoull(cl, &end, 10) : 0;
     if (cl && end != cl && declared > body_limit(s, hc)) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (%s)", body_limit(s, hc),
-                 body_limit_flag(hc));
-        *ret = reply_error(c, an, 413, "invalid_request_error", "request_too_large", msg);
+        *ret = reply_too_large(s, c, an, hc);
         return 1;
     }
     return 0;
