@@ -460,6 +460,7 @@ struct gen_prep {
     int                n_ids, is_chat;
     struct journal    *journal;     /* a journaled request's ACCEPT, synced by gen_sync_job */
     long long          accept_end;  /* the journal's bytes written by its ACCEPT */
+    int                synced;      /* gen_sync_job made the ACCEPT durable */
     double             deadline_unix; /* the client's deadline in Unix seconds, or 0 */
 };
 
@@ -480,7 +481,9 @@ static enum status gen_prep_job(struct load_job *j)
 static enum status gen_sync_job(struct load_job *j)
 {
     struct gen_prep *p = j->ctx;
-    return journal_sync(p->journal, p->accept_end);
+    enum status st = journal_sync(p->journal, p->accept_end);
+    p->synced = st == STATUS_OK;
+    return st;
 }
 
 /* The engine's part, on the loop, once the ACCEPT (if any) is durable (st its outcome): the
@@ -509,24 +512,41 @@ static void gen_run(struct call *c, const uint8_t *data, size_t len, struct gen_
         c->submitted = 1;
         LOG_DEBUG("server", "req=%s method=%s submitted: prompt_tokens=%d max_tokens=%d n=%d", c->request_id,
                   call_method_name(c->method), n_ids, r->params.max_tokens, r->params.n);
-        /* Streams get their headers at once, so that clients see the call is accepted; so do
-         * journaled unary calls, whose headers carry the resume token. */
-        if (c->journaled || c->job) test_pause(c, s->test_pause_headers_s, "SHARDLM_TEST_PAUSE_BEFORE_HEADERS_S");
-        if ((is_streaming(c->method) || c->journaled || c->job) && !c->close_done)
-            call_send(c, NULL, 0, 0, GRPC_STATUS_OK, NULL);
+        if (c->close_done || c->send_has_status) {
+            /* Its client went away during the ACCEPT's sync (gen_synced): the job runs on
+             * detached, as after call_on_close; the call's release detaches it. */
+            c->engine_active = 0;
+            LOG_INFO("server", "req=%s: its client went away during the journal's sync; it runs on for a reattach",
+                     c->request_id);
+        } else {
+            /* Streams get their headers at once, so that clients see the call is accepted; so do
+             * journaled unary calls, whose headers carry the resume token. */
+            if (c->journaled || c->job) test_pause(c, s->test_pause_headers_s, "SHARDLM_TEST_PAUSE_BEFORE_HEADERS_S");
+            if ((is_streaming(c->method) || c->journaled || c->job) && !c->close_done)
+                call_send(c, NULL, 0, 0, GRPC_STATUS_OK, NULL);
+        }
     }
     gen_prep_free(p);
 }
 
-/* The loop, after gen_sync_job (j->st CANCELLED when the call ended meanwhile: it never reaches
- * the engine, and its END follows with the call's end). */
+/* The loop, after gen_sync_job (j->st CANCELLED when the call ended meanwhile). A client gone
+ * during the sync (a cancel, a cut connection; not its deadline) with --journal-detach-grace:
+ * its request is on disk, so it runs on as a detached job, which the client may reattach to by
+ * its token as to any other (docs/reliability.md row 43). Else it never reaches the engine, and
+ * its END follows with the call's end. */
 static void gen_synced(struct load_job *j)
 {
+    struct call *c = j->call;
+    struct gen_prep *p = j->ctx;
     enum status st = j->st;
     const char *message = j->message;
-    if (st == STATUS_OK && atomic_load(&j->call->s->phase) != PHASE_READY) /* a drain began meanwhile */
+    const int ready = atomic_load(&c->s->phase) == PHASE_READY;
+    if (st == STATUS_CANCELLED && p->synced && ready && c->s->opts.journal_detach_grace_s > 0 &&
+        gpr_time_cmp(c->deadline, gpr_now(c->deadline.clock_type)) > 0)
+        st = STATUS_OK;
+    if (st == STATUS_OK && !ready) /* a drain began meanwhile */
         st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down"), message = status_message();
-    gen_run(j->call, j->request, j->request_len, j->ctx, st, message);
+    gen_run(c, j->request, j->request_len, p, st, message);
 }
 
 /* The rest of gen_start, on the loop, once the prompt is built (st its outcome): the request id,

@@ -130,7 +130,9 @@ static void *loader_main(void *arg)
         lane->todo = j->next;
         if (!lane->todo) lane->todo_tail = NULL;
         pthread_mutex_unlock(&lane->mu);
-        if (atomic_load(&j->abandoned)) {
+        /* An ACCEPT's sync runs whatever happened to its call: the record is written, and with
+         * --journal-detach-grace its request runs on without its client (gen_synced). */
+        if (atomic_load(&j->abandoned) && j->lane != LANE_SYNC) {
             j->st = STATUS_CANCELLED;
             snprintf(j->message, sizeof j->message, "the call ended before its %s started", j->work ? "work" : "load");
         } else {

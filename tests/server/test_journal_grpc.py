@@ -662,8 +662,9 @@ def group_detach(shardlm, model, work, gguf=None):
         check(r.code == grpc.StatusCode.OK and got == want,
               f"its client reattached, the server up, and has the uninterrupted answer, each message once ({r.code})")
         fut = st.Generate.future(UNARY("ud-1"), timeout=60)
-        # Accepted once its headers (the resume token) came: they follow the ACCEPT's sync, and a
-        # client gone before them (the record written, not yet synced) never reached the engine.
+        # Accepted once its headers (the resume token) came, after the ACCEPT's sync: a client gone
+        # during the sync runs on too (group sync), but a reattach before the sync ends would find
+        # it still held by the call that went.
         check(dict(fut.initial_metadata() or ()).get("shardlm-resume-token") == "ud-1" and
               journaled(work / "journal-detach", "ud-1"), "the unary call's headers name its token")
         fut.cancel()
@@ -770,7 +771,8 @@ def group_sync(shardlm, model, work):
     slowed by 2 s (SHARDLM_TEST_SYNC_DELAY_S), a running stream's messages keep coming and a
     GetModelInfo and a health check are answered while another Generate's ACCEPT syncs; that
     Generate then gives a server without a journal's tokens; one whose client gives up during its
-    sync (its deadline) never reaches the engine, and the journal reopens with nothing open."""
+    sync (its deadline) never reaches the engine; one whose client cancels during its sync runs on
+    (--journal-detach-grace) and is fetched by its token; the journal reopens with nothing open."""
     delay = 2.0
     with server(shardlm, model, name="sync-plain") as srv:
         want = stub(srv).Generate(gen_req(max_tokens=8, temperature=0), timeout=30).token_ids
@@ -812,6 +814,25 @@ def group_sync(shardlm, model, work):
             check(e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, f"a Generate whose client gave up: {e.code()}")
         time.sleep(delay)  # its sync ends; nothing is submitted
         check(c.server_stats().requests_submitted == before, "the Generate that gave up never reached the engine")
+        # A client that goes away during its sync (a cancel, not its deadline): its request is on
+        # disk, so with --journal-detach-grace (30 s by default) it runs on, and its client
+        # reattaches by its token (the token is its request_id; the headers that name it never came).
+        # sync-e's sync waits behind sync-d's: its client goes before it starts (the loader runs it anyway).
+        futs = [st.Generate.future(gen_req(k, max_tokens=8, temperature=0), timeout=30) for k in ("sync-d", "sync-e")]
+        end = time.time() + 10
+        while not (journaled(journal, "sync-d") and journaled(journal, "sync-e")) and time.time() < end:
+            time.sleep(0.02)
+        for f in futs:
+            f.cancel()
+        time.sleep(2 * delay + 0.5)  # their syncs end; they reach the engine without their clients
+        check(c.server_stats().requests_submitted == before + 2,
+              "Generates whose clients went away during or before their syncs reached the engine")
+        for k in ("sync-d", "sync-e"):
+            try:
+                ans = st.Generate(pb.GenerateRequest(), metadata=[("shardlm-resume-token", k)], timeout=30)
+                check(list(ans.token_ids) == list(want), f"{k}'s client reattached: a plain server's tokens")
+            except grpc.RpcError as e:
+                check(False, f"{k}, whose client went away during its sync, fetched by its token: {e.code()} {e.details()}")
         reader.join(timeout=60)
     with server(shardlm, model, "--journal", str(journal), name="sync-restart") as srv:
         log = srv.log_path.read_text()
