@@ -460,11 +460,11 @@ static void check_packed(enum quant_type t)
     fill_blocks(t, w, n * row / (int64_t)quant_block_bytes(t));
     quant_pack_rows8(t, wp, w, n, k);
     int ok_mm = 1, ok_impl = 1, ok_rows = 1, ok_deq = 1, n_runs = 0;
-    static const int64_t ms[] = {1, 3, 5, 17};
+    static const int64_t ms[] = {1, 3, 5, 7, 17};
     float *x = malloc((size_t)(17 * k) * sizeof *x), *ref = malloc((size_t)(17 * n) * sizeof *ref);
     float *y = malloc((size_t)(17 * n) * sizeof *y), *first = malloc((size_t)(17 * n) * sizeof *first);
     for (int64_t i = 0; i < 17 * k; i++) x[i] = (float)(rnd_uniform() * 4 - 2);
-    for (int im = 0; im < 4; im++) {
+    for (int im = 0; im < 5; im++) {
         const int64_t m = ms[im];
         int have_first = 0;
         for (int impl = 0; impl < QUANT_IMPL_COUNT; impl++) {
@@ -495,7 +495,7 @@ static void check_packed(enum quant_type t)
     }
     free(many);
     check(ok_mm && ok_impl && ok_rows && ok_deq && n_runs >= 8,
-          "%s packed eight rows at a time (n %lld, k %lld, m 1/3/5/17, 1 and 2 threads, %d runs): packed product == "
+          "%s packed eight rows at a time (n %lld, k %lld, m 1/3/5/7/17, 1 and 2 threads, %d runs): packed product == "
           "stored product %s, every implementation the same bits %s, a row alone == among others %s, rows dequantized "
           "from the packed copy == stored %s", quant_type_name(t), (long long)n, (long long)k, n_runs,
           ok_mm ? "ok" : "WRONG", ok_impl ? "ok" : "WRONG", ok_rows ? "ok" : "WRONG", ok_deq ? "ok" : "WRONG");

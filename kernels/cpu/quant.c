@@ -270,33 +270,44 @@ int quant_amx_int8_on(void)
     return amx_int8 && cpu_amx_enabled();
 }
 
-/* Four rows of x at a time over each group (each block unpacked once for the four), then two,
- * then the rest one by one; a row's bits are the same either way. */
-static void packed_rows(const struct product *p, quant_packed8x4_fn fn, int rows, int64_t *i, int64_t j0, int64_t j1)
+/* One pass of fn (rows of x from row i) over the tile's groups. */
+static void packed_pass(const struct product *p, quant_packed8x4_fn fn, int64_t i, int64_t j0, int64_t j1)
 {
-    if (fn)
-        for (; *i + rows <= p->m; *i += rows)
-            for (int64_t j = j0; j < j1; j += 8)
-                fn(p->nb, p->w + (size_t)(j / 8) * p->w_step, p->xq + (size_t)*i * p->xq_row, p->xq_row,
-                   p->y + *i * p->n + j, p->n);
+    for (int64_t j = j0; j < j1; j += 8)
+        fn(p->nb, p->w + (size_t)(j / 8) * p->w_step, p->xq + (size_t)i * p->xq_row, p->xq_row, p->y + i * p->n + j,
+           p->n);
 }
 
+/* Four rows of x at a time over each group (each block unpacked once for the four), five or
+ * three in one pass where the kernels have them and the rest is just that, then two, then the
+ * rest one by one; a row's bits are the same either way. */
 static void packed_tile(const struct product *p, int64_t j0, int64_t j1)
 {
-    const quant_packed8_fn packed8 = p->kt->packed8[p->slot];
+    const struct quant_kernels *kt = p->kt;
+    const int s = p->slot;
     int64_t i = 0;
     if (p->amx)
         for (int rows; p->m - i >= 2; i += rows) {
             rows = p->m - i < 16 ? (int)(p->m - i) : 16;
-            if (!quant_amx_packed(p->slot, p->nb, p->w + (size_t)(j0 / 8) * p->w_step, p->w_step, (j1 - j0) / 8,
+            if (!quant_amx_packed(s, p->nb, p->w + (size_t)(j0 / 8) * p->w_step, p->w_step, (j1 - j0) / 8,
                                   p->xq + (size_t)i * p->xq_row, p->xq_row, rows, p->y + i * p->n + j0, p->n))
                 break;
         }
-    packed_rows(p, p->kt->packed8x4[p->slot], 4, &i, j0, j1);
-    packed_rows(p, p->kt->packed8x2[p->slot], 2, &i, j0, j1);
+    for (;;) {
+        const int64_t left = p->m - i;
+        int rows = 0;
+        quant_packed8x4_fn fn = NULL;
+        if (left == 5 && kt->packed8x5[s]) rows = 5, fn = kt->packed8x5[s];
+        else if (left >= 4 && kt->packed8x4[s]) rows = 4, fn = kt->packed8x4[s];
+        else if (left == 3 && kt->packed8x3[s]) rows = 3, fn = kt->packed8x3[s];
+        else if (left >= 2 && kt->packed8x2[s]) rows = 2, fn = kt->packed8x2[s];
+        if (!fn) break;
+        packed_pass(p, fn, i, j0, j1);
+        i += rows;
+    }
     for (; i < p->m; i++)
         for (int64_t j = j0; j < j1; j += 8)
-            packed8(p->nb, p->w + (size_t)(j / 8) * p->w_step, p->xq + (size_t)i * p->xq_row, p->y + i * p->n + j);
+            kt->packed8[s](p->nb, p->w + (size_t)(j / 8) * p->w_step, p->xq + (size_t)i * p->xq_row, p->y + i * p->n + j);
 }
 
 void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, const float *x,

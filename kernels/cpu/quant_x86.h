@@ -241,7 +241,7 @@ QX_TARGET static inline __mmask32 qx_u32(const uint8_t *p)
 #endif
 
 /* ---- eight rows at a time (the packed layout of quant_packed.c) ----
- * R rows of x (R = 1: packed8, decode; R = 4 or 2: packed8x4 / x2, several rows of a step) against a group
+ * R rows of x (R = 1: packed8, decode; R = 4 or 2: packed8x4 / x2, and Q8_0's 3 and 5, several rows of a step) against a group
  * of eight rows packed by quant_pack_rows8: y[r ys + 0..8). The 32-bit lanes are the eight rows,
  * so the block's scales load as one vector and each x word is broadcast once for all eight rows;
  * with R = 4 each block's weights are loaded and unpacked once for the four rows of x. Each row
@@ -260,11 +260,16 @@ packed8_q45(int64_t nb, const uint8_t *wp, int has_min, int five, const uint8_t 
     const size_t pb = five ? (has_min ? QUANT_R8_Q5_1 : QUANT_R8_Q5_0) : (has_min ? QUANT_R8_Q4_1 : QUANT_R8_Q4_0);
     const size_t head = has_min ? 32 : 16;
     const int32_t zero = five ? 16 : 8; /* the offset of unsigned quants without a min */
-    __m256 acc[4], accm[4];
+    __m256 acc[5], accm[5];
     for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += pb) {
         qx_prefetch_far(wp, pb);
         const uint8_t *hb = wp + head, *qs = five ? hb + 32 : hb;
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+        const struct act_q8 *x[5];
+        __m256i is[5];
+        for (int r = 0; r < R; r++) x[r] = (const struct act_q8 *)(xb + (size_t)r * xs) + b, is[r] = _mm256_setzero_si256();
+#ifdef QX_VNNI
         __m256i lo[4], hi[4];
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
@@ -272,38 +277,48 @@ packed8_q45(int64_t nb, const uint8_t *wp, int has_min, int five, const uint8_t 
             if (five)
                 lo[j] = _mm256_or_si256(lo[j], QX_FIFTH(hb + 8 * j)), hi[j] = _mm256_or_si256(hi[j], QX_FIFTH(hb + 8 * j + 4));
         }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
         for (int r = 0; r < R; r++) {
-            const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
-            const int8_t *xq = x->qs;
-#ifdef QX_VNNI
+            const int8_t *xq = x[r]->qs;
             __m256i part[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                                _mm256_setzero_si256()};
-#else
-            __m256i s16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-#endif
             for (int j = 0; j < 4; j++) {
-#ifdef QX_VNNI
                 part[j & 1] = QX_DPBUSD_X(part[j & 1], lo[j], xq + 4 * j);
                 part[2 + (j & 1)] = QX_DPBUSD_X(part[2 + (j & 1)], hi[j], xq + 16 + 4 * j);
-#else
-                int32_t xl, xh;
-                memcpy(&xl, xq + 4 * j, 4);
-                memcpy(&xh, xq + 16 + 4 * j, 4);
-                s16[j / 2] = _mm256_add_epi16(s16[j / 2], _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(xl)),
-                                                                           _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(xh))));
-#endif
             }
-#ifdef QX_VNNI
-            __m256i is = _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
+            is[r] = _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
+        }
 #else
-            __m256i is = _mm256_add_epi32(_mm256_madd_epi16(s16[0], ones), _mm256_madd_epi16(s16[1], ones));
+        /* A pair of chunks at a time, unpacked once, then every row's products with it: four
+         * live vectors of the block instead of eight, so that R = 4's sums stay in registers. */
+        for (int j = 0; j < 4; j += 2) {
+            __m256i lo[2], hi[2];
+            for (int t = 0; t < 2; t++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j + t)));
+                lo[t] = _mm256_and_si256(v, m4), hi[t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (five)
+                    lo[t] = _mm256_or_si256(lo[t], QX_FIFTH(hb + 8 * (j + t))),
+                    hi[t] = _mm256_or_si256(hi[t], QX_FIFTH(hb + 8 * (j + t) + 4));
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t *xq = x[r]->qs;
+                __m256i s16 = _mm256_setzero_si256();
+                for (int t = 0; t < 2; t++) {
+                    int32_t xl, xh;
+                    memcpy(&xl, xq + 4 * (j + t), 4);
+                    memcpy(&xh, xq + 16 + 4 * (j + t), 4);
+                    s16 = _mm256_add_epi16(s16, _mm256_add_epi16(_mm256_maddubs_epi16(lo[t], _mm256_set1_epi32(xl)),
+                                                                 _mm256_maddubs_epi16(hi[t], _mm256_set1_epi32(xh))));
+                }
+                is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(s16, ones));
+            }
+        }
 #endif
-            if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(zero * x->sum));
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(is), acc[r]);
+        for (int r = 0; r < R; r++) {
+            if (!has_min) is[r] = _mm256_sub_epi32(is[r], _mm256_set1_epi32(zero * x[r]->sum));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[r]->d)), _mm256_cvtepi32_ps(is[r]), acc[r]);
             if (has_min)
                 accm[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16))),
-                                          _mm256_set1_ps(x->dsum), accm[r]);
+                                          _mm256_set1_ps(x[r]->dsum), accm[r]);
         }
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ys, _mm256_add_ps(acc[r], accm[r]));
@@ -318,42 +333,45 @@ packed8_q8(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, float *y
 {
     const __m256i ones = _mm256_set1_epi16(1);
     (void)ones; /* not with QX_VNNI */
-    __m256 acc[4];
+    __m256 acc[5];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q8_0) {
         qx_prefetch_far(wp, QUANT_R8_Q8_0);
+        /* Without VNNI each weight vector once, then every row's product with it: two live
+         * vectors of the block instead of sixteen, so that up to five rows' sums stay in AVX2's
+         * sixteen registers (the integer sums are exact, so their order changes no bit). */
+        const struct act_q8 *x[5];
+        __m256i is[5];
+        for (int r = 0; r < R; r++) x[r] = (const struct act_q8 *)(xb + (size_t)r * xs) + b, is[r] = _mm256_setzero_si256();
+#ifdef QX_VNNI
+        /* (With VNNI, as before the reorder: four partial sums per row, for their latency.) */
         __m256i v[8];
-#ifndef QX_VNNI
-        __m256i av[8];
-#endif
-        for (int k = 0; k < 8; k++) {
-            v[k] = _mm256_loadu_si256((const __m256i *)(wp + 16 + 32 * k));
-#ifndef QX_VNNI
-            v[k] = _mm256_xor_si256(v[k], _mm256_set1_epi8((char)0x80));
-            av[k] = _mm256_sign_epi8(v[k], v[k]);
-#endif
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+        for (int k = 0; k < 8; k++) v[k] = _mm256_loadu_si256((const __m256i *)(wp + 16 + 32 * k));
         for (int r = 0; r < R; r++) {
-            const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
-            const int8_t *xq = x->qs;
             __m256i part[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                                _mm256_setzero_si256()};
-            for (int k = 0; k < 8; k++) {
-#ifdef QX_VNNI
-                part[k & 3] = QX_DPBUSD_X(part[k & 3], v[k], xq + 4 * k);
+            for (int k = 0; k < 8; k++) part[k & 3] = QX_DPBUSD_X(part[k & 3], v[k], x[r]->qs + 4 * k);
+            is[r] = _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
+        }
 #else
+        for (int k = 0; k < 8; k++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(wp + 16 + 32 * k));
+            v = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
+            const __m256i av = _mm256_sign_epi8(v, v);
+            for (int r = 0; r < R; r++) {
                 int32_t xw;
-                memcpy(&xw, xq + 4 * k, 4);
-                const __m256i p = _mm256_maddubs_epi16(av[k], _mm256_sign_epi8(_mm256_set1_epi32(xw), v[k]));
-                part[k & 3] = _mm256_add_epi32(part[k & 3], _mm256_madd_epi16(p, ones));
-#endif
+                memcpy(&xw, x[r]->qs + 4 * k, 4);
+                const __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(_mm256_set1_epi32(xw), v));
+                is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p, ones));
             }
-            __m256i is = _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
-#ifdef QX_VNNI
-            is = _mm256_sub_epi32(is, _mm256_set1_epi32(128 * x->sum));
+        }
 #endif
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(is), acc[r]);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+        for (int r = 0; r < R; r++) {
+#ifdef QX_VNNI
+            is[r] = _mm256_sub_epi32(is[r], _mm256_set1_epi32(128 * x[r]->sum));
+#endif
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[r]->d)), _mm256_cvtepi32_ps(is[r]), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ys, _mm256_add_ps(acc[r], _mm256_setzero_ps())); /* acc + 0, as the others */
