@@ -394,6 +394,7 @@ packed8_q4k_rows(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, fl
         qx_prefetch_far(wp, QUANT_R8_Q4_K);
         __m256i isum[4], msum[4];
         for (int r = 0; r < R; r++) isum[r] = msum[r] = _mm256_setzero_si256();
+#ifdef QX_VNNI
         for (int p = 0; p < 4; p++) {
             __m256i s_lo[4], s_hi[4];
             for (int r = 0; r < R; r++) s_lo[r] = s_hi[r] = _mm256_setzero_si256();
@@ -402,34 +403,44 @@ packed8_q4k_rows(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, fl
                 const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                 for (int r = 0; r < R; r++) {
                     const int8_t *xq = ((const struct act_q8_k *)(xb + (size_t)r * xs) + b)->qs;
-#ifdef QX_VNNI /* the sub-block's sums in int32, one vpdpbusd per chunk */
+                    /* the sub-block's sums in int32, one vpdpbusd per chunk */
                     s_lo[r] = QX_DPBUSD_X(s_lo[r], lo, xq + 64 * p + 4 * c);
                     s_hi[r] = QX_DPBUSD_X(s_hi[r], hi, xq + 64 * p + 32 + 4 * c);
-#else
-                    int32_t xl, xh;
-                    memcpy(&xl, xq + 64 * p + 4 * c, 4);
-                    memcpy(&xh, xq + 64 * p + 32 + 4 * c, 4);
-                    s_lo[r] = _mm256_add_epi16(s_lo[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
-                    s_hi[r] = _mm256_add_epi16(s_hi[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
-#endif
                 }
             }
-            __m256i sc_lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 32 + 16 * p)));
-            __m256i sc_hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 40 + 16 * p)));
-#ifndef QX_VNNI
-            sc_lo = _mm256_or_si256(sc_lo, _mm256_slli_epi32(sc_lo, 16));
-            sc_hi = _mm256_or_si256(sc_hi, _mm256_slli_epi32(sc_hi, 16));
+            const __m256i sc_lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 32 + 16 * p)));
+            const __m256i sc_hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 40 + 16 * p)));
+            for (int r = 0; r < R; r++)
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_mullo_epi32(s_lo[r], sc_lo),
+                                                                     _mm256_mullo_epi32(s_hi[r], sc_hi)));
+        }
+#else
+        /* Without VNNI (16 vector registers) one sub-block at a time, the low nibbles' then the
+         * high ones', each row's int16 sums scaled into its isum at once: R sums live, not 2 R
+         * (the integer sums are exact, so their order changes no bit). */
+        for (int p = 0; p < 4; p++)
+            for (int h = 0; h < 2; h++) {
+                __m256i s16[4];
+                for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
+                for (int c = 0; c < 8; c++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(wp + 160 + 256 * p + 32 * c));
+                    const __m256i q = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, m4);
+                    for (int r = 0; r < R; r++) {
+                        const int8_t *xq = ((const struct act_q8_k *)(xb + (size_t)r * xs) + b)->qs;
+                        int32_t xw;
+                        memcpy(&xw, xq + 64 * p + 32 * h + 4 * c, 4);
+                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(q, _mm256_set1_epi32(xw)));
+                    }
+                }
+                __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 32 + 8 * h + 16 * p)));
+                sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+                for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], sc));
+            }
 #endif
+        for (int p = 0; p < 4; p++) {
             const __m256i mv = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wp + 96 + 16 * p)));
             for (int r = 0; r < R; r++) {
                 const struct act_q8_k *x = (const struct act_q8_k *)(xb + (size_t)r * xs) + b;
-#ifdef QX_VNNI
-                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_mullo_epi32(s_lo[r], sc_lo),
-                                                                     _mm256_mullo_epi32(s_hi[r], sc_hi)));
-#else
-                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(s_lo[r], sc_lo),
-                                                                     _mm256_madd_epi16(s_hi[r], sc_hi)));
-#endif
                 const int32_t bs0 = x->bsums[4 * p] + x->bsums[4 * p + 1], bs1 = x->bsums[4 * p + 2] + x->bsums[4 * p + 3];
                 msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(mv, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)bs0 |
                                                                                                       (uint32_t)bs1 << 16))));
