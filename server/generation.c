@@ -410,6 +410,15 @@ struct call *gen_find_call(struct server *s, const char *request_id)
     return NULL;
 }
 
+struct call *gen_find_syncing(struct server *s, const char *request_id)
+{
+    for (struct call *c = s->calls; c; c = c->next)
+        if (is_generation(c->method) && !c->submitted && c->journaled && c->load_job &&
+            c->request_id && !strcmp(c->request_id, request_id))
+            return c;
+    return NULL;
+}
+
 /* A request naming an adapter its key may not use (http_finetune_hidden: another key's fine-tune)
  * is answered as one naming an adapter that is not loaded. */
 static enum status check_adapter(struct server *s, const struct gen_request *r, const char *owner)
@@ -495,6 +504,10 @@ static void gen_run(struct call *c, const uint8_t *data, size_t len, struct gen_
     struct gen_request *r = &p->r;
     const int32_t *ids = p->ids;
     const int n_ids = p->n_ids;
+    /* A Cancel by its id while its prompt was built or its ACCEPT synced (methods.c's cancel found
+     * nothing to cancel in the engine yet). */
+    if (st == STATUS_OK && c->cancelled_by_rpc)
+        st = status_errorf(STATUS_CANCELLED, "cancelled by Cancel"), message = status_message();
     if (st == STATUS_OK) {
         c->n_prompt_tokens = n_ids;
         c->engine_active = c->n_samples; /* before submit: events may arrive at once */
@@ -530,7 +543,8 @@ static void gen_run(struct call *c, const uint8_t *data, size_t len, struct gen_
 }
 
 /* The loop, after gen_sync_job (j->st CANCELLED when the call ended meanwhile). A client gone
- * during the sync (a cancel, a cut connection; not its deadline) with --journal-detach-grace:
+ * during the sync (a cancel, a cut connection; not its deadline; a Cancel of its id ends it in
+ * gen_run) with --journal-detach-grace:
  * its request is on disk, so it runs on as a detached job, which the client may reattach to by
  * its token as to any other (docs/reliability.md row 43). Else it never reaches the engine, and
  * its END follows with the call's end. */

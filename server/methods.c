@@ -71,10 +71,15 @@ static enum status cancel(struct call *c, const uint8_t *data, size_t len, uint8
     char *id;
     enum status st = convert_cancel_request(data, len, &id);
     if (st == STATUS_OK) {
-        struct call *target = gen_find_call(s, id);
+        struct call *target = gen_find_call(s, id), *syncing = target ? NULL : gen_find_syncing(s, id);
         int cancelled = 0;
         if (target && strcmp(target->owner, c->owner)) target = NULL;
-        if (!target) { /* a resumed request with no client attached (grpc_resume.c) */
+        if (syncing && strcmp(syncing->owner, c->owner)) syncing = NULL;
+        if (syncing) { /* accepted, its ACCEPT being synced: gen_run ends it instead of submitting it */
+            syncing->cancelled_by_rpc = 1;
+            LOG_INFO("server", "req=%s cancelled by Cancel (before it reached the engine)", id);
+            st = convert_cancel_response(1, out, out_len);
+        } else if (!target) { /* a resumed request with no client attached (grpc_resume.c) */
             st = grpc_resume_cancel_key(s, id, c->owner, &cancelled);
             if (st == STATUS_OK) st = convert_cancel_response(cancelled, out, out_len);
         } else {

@@ -518,6 +518,10 @@ void         gen_pump(struct call *c);
 void         gen_drain_events(struct server *s);
 /* The running generation call with this request id, or NULL. */
 struct call *gen_find_call(struct server *s, const char *request_id);
+/* A journaled call whose ACCEPT is being synced (accepted, not yet in the engine; its client
+ * may have gone meanwhile), or NULL: a Cancel marks it, and gen_run ends it CANCELLED instead of
+ * submitting it (nor does gen_synced start it for a reattach). */
+struct call *gen_find_syncing(struct server *s, const char *request_id);
 /* Frees what a generation call holds (output buffers, prompt log-probs, ids, messages). */
 void         gen_call_release(struct call *c);
 /* Appends an event's tokens (with their log-probabilities and top alternatives when given)

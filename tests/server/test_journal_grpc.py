@@ -772,7 +772,8 @@ def group_sync(shardlm, model, work):
     GetModelInfo and a health check are answered while another Generate's ACCEPT syncs; that
     Generate then gives a server without a journal's tokens; one whose client gives up during its
     sync (its deadline) never reaches the engine; one whose client cancels during its sync runs on
-    (--journal-detach-grace) and is fetched by its token; the journal reopens with nothing open."""
+    (--journal-detach-grace) and is fetched by its token, unless a Cancel of its id came (then it
+    never reaches the engine); the journal reopens with nothing open."""
     delay = 2.0
     with server(shardlm, model, name="sync-plain") as srv:
         want = stub(srv).Generate(gen_req(max_tokens=8, temperature=0), timeout=30).token_ids
@@ -833,6 +834,31 @@ def group_sync(shardlm, model, work):
                 check(list(ans.token_ids) == list(want), f"{k}'s client reattached: a plain server's tokens")
             except grpc.RpcError as e:
                 check(False, f"{k}, whose client went away during its sync, fetched by its token: {e.code()} {e.details()}")
+        # A Cancel of its id during its sync: the call ends CANCELLED and never reaches the engine
+        # (the Cancel found nothing in the engine yet; before, the request ran on once synced).
+        fut = st.Generate.future(gen_req("sync-f", max_tokens=8, temperature=0), timeout=30)
+        end = time.time() + 10
+        while not journaled(journal, "sync-f") and time.time() < end:
+            time.sleep(0.02)
+        st.Cancel(pb.CancelRequest(request_id="sync-f"), timeout=30)
+        try:
+            fut.result()
+            check(False, "a Generate cancelled by Cancel during its sync: succeeded")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.CANCELLED and "Cancel" in (e.details() or ""),
+                  f"a Generate cancelled by Cancel during its sync: {e.code()} {e.details()}")
+        check(c.server_stats().requests_submitted == before + 2, "the Generate cancelled by Cancel never reached the engine")
+        # Its client gone first (as shardlm_client's Stream.cancel() may do), then a Cancel of its id:
+        # cancelled, so it does not run on for a reattach.
+        fut = st.Generate.future(gen_req("sync-g", max_tokens=8, temperature=0), timeout=30)
+        end = time.time() + 10
+        while not journaled(journal, "sync-g") and time.time() < end:
+            time.sleep(0.02)
+        fut.cancel()
+        check(st.Cancel(pb.CancelRequest(request_id="sync-g"), timeout=30).cancelled,
+              "Cancel of a Generate whose client went during its sync says cancelled")
+        time.sleep(delay + 0.5)
+        check(c.server_stats().requests_submitted == before + 2, "a Generate gone then cancelled never reached the engine")
         reader.join(timeout=60)
     with server(shardlm, model, "--journal", str(journal), name="sync-restart") as srv:
         log = srv.log_path.read_text()
