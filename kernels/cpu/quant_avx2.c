@@ -289,8 +289,8 @@ QX_AVX2 float quant_avx2_dot_iq4_xs(int64_t nb, const void *wv, const void *xv)
     return qx_hsum(acc);
 }
 
-/* Q8_0's three and five rows in one pass (AVX2 only: its sums fit the sixteen registers without
- * VNNI's partial sums; the VNNI tables keep four, two, one). */
+/* Three (Q8_0) and five (Q8_0, Q5_0, Q4_0) rows in one pass, AVX2 only: their sums fit the
+ * sixteen registers without VNNI's partial sums; the VNNI tables keep four, two, one. */
 QX_TARGET static void packed8x3_q8_0(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys)
 {
     packed8_q8(nb, wp, xq, xs, y, ys, 3);
