@@ -253,7 +253,7 @@ static void bench_packed(const struct bench *bn)
     };
     static const enum quant_type pt[] = {QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_0, QUANT_TYPE_Q5_1,
                                          QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K};
-    static const int64_t ms[] = {2, 4, 5, 8, 16};
+    static const int64_t ms[] = {2, 3, 4, 5, 8, 16};
     printf("packed layout, one thread, %s: m rows in one call (packed8x4) against m one-row calls\n",
            quant_impl_name(quant_impl_best()));
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)

@@ -289,7 +289,7 @@ QX_AVX2 float quant_avx2_dot_iq4_xs(int64_t nb, const void *wv, const void *xv)
     return qx_hsum(acc);
 }
 
-/* Three (Q8_0) and five (Q8_0, Q5_0, Q4_0) rows in one pass, AVX2 only: their sums fit the
+/* Three and five rows of Q8_0, Q5_0 and Q4_0 in one pass, AVX2 only: their sums fit the
  * sixteen registers without VNNI's partial sums; the VNNI tables keep four, two, one. */
 QX_TARGET static void packed8x3_q8_0(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys)
 {
@@ -299,6 +299,16 @@ QX_TARGET static void packed8x3_q8_0(int64_t nb, const void *wp, const void *xq,
 QX_TARGET static void packed8x5_q8_0(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys)
 {
     packed8_q8(nb, wp, xq, xs, y, ys, 5);
+}
+
+QX_TARGET static void packed8x3_q5_0(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys)
+{
+    packed8_q45(nb, wp, 0, 1, xq, xs, y, ys, 3);
+}
+
+QX_TARGET static void packed8x3_q4_0(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys)
+{
+    packed8_q45(nb, wp, 0, 0, xq, xs, y, ys, 3);
 }
 
 QX_TARGET static void packed8x5_q5_0(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys)
@@ -334,7 +344,7 @@ static const struct quant_kernels avx2_kernels = {
                   [SLOT_Q4_K] = packed8x4_q4_k, [SLOT_Q5_0] = packed8x4_q5_0, [SLOT_Q5_1] = packed8x4_q5_1, [SLOT_Q6_K] = packed8x4_q6_k},
     .packed8x2 = {[SLOT_Q4_0] = packed8x2_q4_0, [SLOT_Q4_1] = packed8x2_q4_1, [SLOT_Q8_0] = packed8x2_q8_0,
                   [SLOT_Q4_K] = packed8x2_q4_k, [SLOT_Q5_0] = packed8x2_q5_0, [SLOT_Q5_1] = packed8x2_q5_1, [SLOT_Q6_K] = packed8x2_q6_k},
-    .packed8x3 = {[SLOT_Q8_0] = packed8x3_q8_0},
+    .packed8x3 = {[SLOT_Q8_0] = packed8x3_q8_0, [SLOT_Q5_0] = packed8x3_q5_0, [SLOT_Q4_0] = packed8x3_q4_0},
     .packed8x5 = {[SLOT_Q8_0] = packed8x5_q8_0, [SLOT_Q5_0] = packed8x5_q5_0, [SLOT_Q4_0] = packed8x5_q4_0},
     .act_q8 = quant_avx2_act_q8,
     .act_q8_k = quant_avx2_act_q8_k,

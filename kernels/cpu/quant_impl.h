@@ -220,9 +220,9 @@ struct quant_kernels {
     quant_packed8_fn packed8[SLOT_COUNT]; /* the packable types (quant_packable) only */
     quant_packed8x4_fn packed8x4[SLOT_COUNT]; /* NULL: packed8 row by row */
     quant_packed8x4_fn packed8x2[SLOT_COUNT]; /* the same type of function for two rows; NULL: packed8 */
-    /* Three and five rows in one pass (AVX2: Q8_0's three and five, the LM heads; Q4_0's and
-     * Q5_0's five: a step verifying two or four drafts), where four then one or two then one
-     * would pass twice; NULL: not these. */
+    /* Three and five rows in one pass (AVX2: Q8_0's, the LM heads, Q4_0's and Q5_0's: a step
+     * verifying two or four drafts), where four then one or two then one would pass twice;
+     * NULL: not these. */
     quant_packed8x4_fn packed8x3[SLOT_COUNT], packed8x5[SLOT_COUNT];
     quant_act_fn act_q8;   /* to struct act_q8 */
     quant_act_fn act_q8_k; /* to struct act_q8_k */

@@ -241,8 +241,8 @@ QX_TARGET static inline __mmask32 qx_u32(const uint8_t *p)
 #endif
 
 /* ---- eight rows at a time (the packed layout of quant_packed.c) ----
- * R rows of x (R = 1: packed8, decode; R = 4 or 2: packed8x4 / x2; on AVX2 also Q8_0's 3 and 5, Q4_0's and
- * Q5_0's 5: several rows of a step) against a group
+ * R rows of x (R = 1: packed8, decode; R = 4 or 2: packed8x4 / x2; on AVX2 also 3 and 5 for Q8_0, Q4_0 and
+ * Q5_0: several rows of a step) against a group
  * of eight rows packed by quant_pack_rows8: y[r ys + 0..8). The 32-bit lanes are the eight rows,
  * so the block's scales load as one vector and each x word is broadcast once for all eight rows;
  * with R = 4 each block's weights are loaded and unpacked once for the four rows of x. Each row
