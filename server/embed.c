@@ -184,7 +184,7 @@ void embed_rpc_start(struct call *c, const uint8_t *data, size_t len)
         rpc_free(rpc); /* its model is loading: call_dispatch brings the request back */
         return;
     }
-    if (st == STATUS_OK && (st = loader_submit_work(c, LANE_WORK, rpc_prepare, rpc_submit, rpc, NULL, 0)) == STATUS_OK)
+    if (st == STATUS_OK && (st = loader_submit_work(c, LANE_WORK, 0, rpc_prepare, rpc_submit, rpc, NULL, 0)) == STATUS_OK)
         return; /* goes on in rpc_submit */
     const char *message = status_message();
     embed_observe(s, METRICS_API_GRPC, st, rpc ? &rpc->in : &(struct embed_inputs){0});

@@ -403,19 +403,10 @@ void gen_drain_events(struct server *s)
 
 struct call *gen_find_call(struct server *s, const char *request_id)
 {
-    for (struct call *c = s->calls; c; c = c->next)
-        if (is_generation(c->method) && c->submitted && c->engine_active > 0 && c->request_id &&
-            !strcmp(c->request_id, request_id))
-            return c;
-    return NULL;
-}
-
-struct call *gen_find_syncing(struct server *s, const char *request_id)
-{
-    for (struct call *c = s->calls; c; c = c->next)
-        if (is_generation(c->method) && !c->submitted && c->journaled && c->load_job &&
-            c->request_id && !strcmp(c->request_id, request_id))
-            return c;
+    for (struct call *c = s->calls; c; c = c->next) {
+        if (!is_generation(c->method) || !c->request_id || strcmp(c->request_id, request_id)) continue;
+        if (c->submitted ? c->engine_active > 0 : c->journaled && c->load_job != NULL) return c;
+    }
     return NULL;
 }
 
@@ -610,13 +601,15 @@ static void gen_submit(struct call *c, const uint8_t *data, size_t len, struct g
             st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
     /* With the journal, the ACCEPT is on disk before the engine sees the request; its sync runs
-     * on the loader's journal thread (milliseconds, more on a busy disk: not on the loop). */
+     * on the loader's journal thread (milliseconds, more on a busy disk: not on the loop), and
+     * runs whatever happened to the call: the record is written, and with
+     * --journal-detach-grace its request runs on without its client (gen_synced). */
     if (st == STATUS_OK && s->journal) test_pause(c, s->test_pause_accept_s, "SHARDLM_TEST_PAUSE_BEFORE_ACCEPT_S");
     p->deadline_unix = deadline_unix;
     if (st == STATUS_OK && s->journal &&
         (st = grpc_journal_accept(c, data, len, &r->params, deadline_unix, &p->accept_end)) == STATUS_OK) {
         p->journal = s->journal;
-        if ((st = loader_submit_work(c, LANE_SYNC, gen_sync_job, gen_synced, p, data, len)) == STATUS_OK)
+        if ((st = loader_submit_work(c, LANE_SYNC, JOB_RUNS_ABANDONED, gen_sync_job, gen_synced, p, data, len)) == STATUS_OK)
             return; /* goes on in gen_synced */
     }
     gen_run(c, data, len, p, st, message);
@@ -657,7 +650,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
         free(p);
         return;
     }
-    if (st == STATUS_OK && (st = loader_submit_work(c, LANE_GEN, gen_prep_job, gen_prepared, p, data, len)) == STATUS_OK)
+    if (st == STATUS_OK && (st = loader_submit_work(c, LANE_GEN, 0, gen_prep_job, gen_prepared, p, data, len)) == STATUS_OK)
         return; /* goes on in gen_prepared */
     gen_submit(c, data, len, p, st, status_message());
 }

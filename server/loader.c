@@ -130,9 +130,7 @@ static void *loader_main(void *arg)
         lane->todo = j->next;
         if (!lane->todo) lane->todo_tail = NULL;
         pthread_mutex_unlock(&lane->mu);
-        /* An ACCEPT's sync runs whatever happened to its call: the record is written, and with
-         * --journal-detach-grace its request runs on without its client (gen_synced). */
-        if (atomic_load(&j->abandoned) && j->lane != LANE_SYNC) {
+        if (atomic_load(&j->abandoned) && !j->runs_abandoned) {
             j->st = STATUS_CANCELLED;
             snprintf(j->message, sizeof j->message, "the call ended before its %s started", j->work ? "work" : "load");
         } else {
@@ -230,12 +228,13 @@ enum status loader_submit_model(struct call *c, const char *name, const uint8_t 
     return job_queue(c, j);
 }
 
-enum status loader_submit_work(struct call *c, enum job_lane_kind lane, call_work_fn work, call_then_fn then, void *ctx,
-                               const uint8_t *data, size_t len)
+enum status loader_submit_work(struct call *c, enum job_lane_kind lane, unsigned flags, call_work_fn work, call_then_fn then,
+                               void *ctx, const uint8_t *data, size_t len)
 {
     struct load_job *j = job_with_request(data, len);
     if (!j) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory queueing %s", call_method_name(c->method));
     j->lane = lane;
+    j->runs_abandoned = !!(flags & JOB_RUNS_ABANDONED);
     j->work = work;
     j->then = then;
     j->ctx = ctx;

@@ -71,12 +71,11 @@ static enum status cancel(struct call *c, const uint8_t *data, size_t len, uint8
     char *id;
     enum status st = convert_cancel_request(data, len, &id);
     if (st == STATUS_OK) {
-        struct call *target = gen_find_call(s, id), *syncing = target ? NULL : gen_find_syncing(s, id);
+        struct call *target = gen_find_call(s, id);
         int cancelled = 0;
         if (target && strcmp(target->owner, c->owner)) target = NULL;
-        if (syncing && strcmp(syncing->owner, c->owner)) syncing = NULL;
-        if (syncing) { /* accepted, its ACCEPT being synced: gen_run ends it instead of submitting it */
-            syncing->cancelled_by_rpc = 1;
+        if (target && !target->submitted) { /* accepted, its ACCEPT being synced: gen_run ends it instead of submitting it */
+            target->cancelled_by_rpc = 1;
             LOG_INFO("server", "req=%s cancelled by Cancel (before it reached the engine)", id);
             st = convert_cancel_response(1, out, out_len);
         } else if (!target) { /* a resumed request with no client attached (grpc_resume.c) */
@@ -226,10 +225,10 @@ void methods_handle(struct call *c, const uint8_t *data, size_t len)
         return; /* loading its model: call_dispatch brings it back */
     if (st == STATUS_OK) switch (c->method) {
     case METHOD_TOKENIZE: /* on the loader's work thread: up to 1 MiB of text (loader.c) */
-        if ((st = loader_submit_work(c, LANE_WORK, tokenize_job, NULL, NULL, data, len)) == STATUS_OK) return;
+        if ((st = loader_submit_work(c, LANE_WORK, 0, tokenize_job, NULL, NULL, data, len)) == STATUS_OK) return;
         break;
     case METHOD_DETOKENIZE:
-        if ((st = loader_submit_work(c, LANE_WORK, detokenize_job, NULL, NULL, data, len)) == STATUS_OK) return;
+        if ((st = loader_submit_work(c, LANE_WORK, 0, detokenize_job, NULL, NULL, data, len)) == STATUS_OK) return;
         break;
     case METHOD_CANCEL: st = cancel(c, data, len, &out, &out_len); break;
     case METHOD_MODEL_INFO: st = model_info(c, c->m, &out, &out_len); break;

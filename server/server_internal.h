@@ -234,7 +234,8 @@ struct load_job {
                                     ended before or during the work), or NULL */
     void            *ctx;        /* the work's own state */
     atomic_int       abandoned;  /* the call ended (client cancel, deadline, shutdown) before
-                                    the load started: the loader skips it */
+                                    the load started: the loader skips it, unless */
+    int              runs_abandoned; /* set (JOB_RUNS_ABANDONED): it runs whatever happened to the call */
     enum status      st;         /* the outcome, set on the loader thread */
     char             message[1024];
     uint8_t         *out;        /* the response when st is STATUS_OK (out_len bytes) */
@@ -516,12 +517,11 @@ void         gen_start(struct call *c, const uint8_t *data, size_t len);
 void         gen_pump(struct call *c);
 /* Hands the events queued by the engine thread to their calls. */
 void         gen_drain_events(struct server *s);
-/* The running generation call with this request id, or NULL. */
+/* The generation call with this request id, or NULL: one running in the engine (submitted), or
+ * a journaled one whose ACCEPT is being synced (not submitted: accepted, not yet in the engine;
+ * its client may have gone meanwhile; a Cancel marks it, and gen_run ends it CANCELLED instead of
+ * submitting it, nor does gen_synced start it for a reattach). */
 struct call *gen_find_call(struct server *s, const char *request_id);
-/* A journaled call whose ACCEPT is being synced (accepted, not yet in the engine; its client
- * may have gone meanwhile), or NULL: a Cancel marks it, and gen_run ends it CANCELLED instead of
- * submitting it (nor does gen_synced start it for a reattach). */
-struct call *gen_find_syncing(struct server *s, const char *request_id);
 /* Frees what a generation call holds (output buffers, prompt log-probs, ids, messages). */
 void         gen_call_release(struct call *c);
 /* Appends an event's tokens (with their log-probabilities and top alternatives when given)
@@ -689,8 +689,11 @@ enum status loader_submit_model(struct call *c, const char *name, const uint8_t 
  * started on first use, so that a long tokenization does not hold up every other call; then
  * (or, without one, the answer: work's response or its error) runs from loader_drain. c->m is
  * pinned by the call. On an error nothing was queued (ctx stays the caller's). */
-enum status loader_submit_work(struct call *c, enum job_lane_kind lane, call_work_fn work, call_then_fn then, void *ctx,
-                               const uint8_t *data, size_t len);
+enum job_flags {
+    JOB_RUNS_ABANDONED = 1, /* the work runs even when its call ended before it started */
+};
+enum status loader_submit_work(struct call *c, enum job_lane_kind lane, unsigned flags, call_work_fn work, call_then_fn then,
+                               void *ctx, const uint8_t *data, size_t len);
 /* Loop thread: answers the calls whose loads or work have finished, and frees the jobs. */
 void loader_drain(struct server *s);
 /* After the loop, once no call is left (so no job is out): stops and joins the loader's threads. */

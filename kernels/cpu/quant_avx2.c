@@ -291,35 +291,12 @@ QX_AVX2 float quant_avx2_dot_iq4_xs(int64_t nb, const void *wv, const void *xv)
 
 /* Three and five rows of Q8_0, Q5_0 and Q4_0 in one pass, AVX2 only: their sums fit the
  * sixteen registers without VNNI's partial sums; the VNNI tables keep four, two, one. */
-QX_TARGET static void packed8x3_q8_0(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys)
-{
-    packed8_q8(nb, wp, xq, xs, y, ys, 3);
-}
-
-QX_TARGET static void packed8x5_q8_0(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys)
-{
-    packed8_q8(nb, wp, xq, xs, y, ys, 5);
-}
-
-QX_TARGET static void packed8x3_q5_0(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys)
-{
-    packed8_q45(nb, wp, 0, 1, xq, xs, y, ys, 3);
-}
-
-QX_TARGET static void packed8x3_q4_0(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys)
-{
-    packed8_q45(nb, wp, 0, 0, xq, xs, y, ys, 3);
-}
-
-QX_TARGET static void packed8x5_q5_0(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys)
-{
-    packed8_q45(nb, wp, 0, 1, xq, xs, y, ys, 5);
-}
-
-QX_TARGET static void packed8x5_q4_0(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys)
-{
-    packed8_q45(nb, wp, 0, 0, xq, xs, y, ys, 5);
-}
+QX_PACKED_R(q8_0, packed8_q8, 3)
+QX_PACKED_R(q8_0, packed8_q8, 5)
+QX_PACKED_R(q5_0, QX_Q5_0, 3)
+QX_PACKED_R(q5_0, QX_Q5_0, 5)
+QX_PACKED_R(q4_0, QX_Q4_0, 3)
+QX_PACKED_R(q4_0, QX_Q4_0, 5)
 
 static const struct quant_kernels avx2_kernels = {
     .dot = {

@@ -519,21 +519,22 @@ packed8_q6k_rows(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, fl
     for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ys, _mm256_add_ps(acc[r], _mm256_setzero_ps()));
 }
 
+/* packed8xR_NAME: R rows of x against eight packed rows, one pass. QX_PACKED makes the one-row
+ * kernel and the four- and two-row ones every table has; QX_PACKED_R (and the QX_Q* calls) stay
+ * defined for the tables that add other row counts (quant_avx2.c's three and five). */
+#define QX_PACKED_R(name, call, R)                                                               \
+    QX_TARGET static void packed8x##R##_##name(int64_t nb, const void *wp, const void *xq,       \
+                                                size_t xs, float *y, int64_t ys)                 \
+    {                                                                                            \
+        call(nb, wp, xq, xs, y, ys, R);                                                          \
+    }
 #define QX_PACKED(name, call)                                                                    \
     QX_TARGET static void packed8_##name(int64_t nb, const void *wp, const void *xq, float *y)   \
     {                                                                                            \
         call(nb, wp, xq, 0, y, 0, 1);                                                            \
     }                                                                                            \
-    QX_TARGET static void packed8x4_##name(int64_t nb, const void *wp, const void *xq, size_t xs, \
-                                           float *y, int64_t ys)                                 \
-    {                                                                                            \
-        call(nb, wp, xq, xs, y, ys, 4);                                                          \
-    }                                                                                            \
-    QX_TARGET static void packed8x2_##name(int64_t nb, const void *wp, const void *xq, size_t xs, \
-                                           float *y, int64_t ys)                                 \
-    {                                                                                            \
-        call(nb, wp, xq, xs, y, ys, 2);                                                          \
-    }
+    QX_PACKED_R(name, call, 4)                                                                   \
+    QX_PACKED_R(name, call, 2)
 #define QX_Q4_0(nb, wp, xq, xs, y, ys, R) packed8_q45(nb, wp, 0, 0, xq, xs, y, ys, R)
 #define QX_Q4_1(nb, wp, xq, xs, y, ys, R) packed8_q45(nb, wp, 1, 0, xq, xs, y, ys, R)
 #define QX_Q5_0(nb, wp, xq, xs, y, ys, R) packed8_q45(nb, wp, 0, 1, xq, xs, y, ys, R)
@@ -545,10 +546,6 @@ QX_PACKED(q5_1, QX_Q5_1)
 QX_PACKED(q8_0, packed8_q8)
 QX_PACKED(q4_k, packed8_q4k_rows)
 QX_PACKED(q6_k, packed8_q6k_rows)
-#undef QX_Q4_0
-#undef QX_Q4_1
-#undef QX_Q5_0
-#undef QX_Q5_1
 #undef QX_PACKED
 
 #define QX_S8(name)                                                                              \

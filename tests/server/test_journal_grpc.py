@@ -773,7 +773,8 @@ def group_sync(shardlm, model, work):
     Generate then gives a server without a journal's tokens; one whose client gives up during its
     sync (its deadline) never reaches the engine; one whose client cancels during its sync runs on
     (--journal-detach-grace) and is fetched by its token, unless a Cancel of its id came (then it
-    never reaches the engine); the journal reopens with nothing open."""
+    never reaches the engine); its id is in use meanwhile (a second Generate naming it: ALREADY_EXISTS);
+    the journal reopens with nothing open."""
     delay = 2.0
     with server(shardlm, model, name="sync-plain") as srv:
         want = stub(srv).Generate(gen_req(max_tokens=8, temperature=0), timeout=30).token_ids
@@ -840,6 +841,13 @@ def group_sync(shardlm, model, work):
         end = time.time() + 10
         while not journaled(journal, "sync-f") and time.time() < end:
             time.sleep(0.02)
+        # Its id is in use during its sync: a second Generate naming it is refused before its own ACCEPT.
+        try:
+            st.Generate(gen_req("sync-f", max_tokens=8, temperature=0), timeout=30)
+            check(False, "a second Generate with the id of one in its sync: succeeded")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.ALREADY_EXISTS,
+                  f"a second Generate with the id of one in its sync: {e.code()} {e.details()}")
         st.Cancel(pb.CancelRequest(request_id="sync-f"), timeout=30)
         try:
             fut.result()
