@@ -297,6 +297,10 @@ QX_PACKED_R(q5_0, QX_Q5_0, 3)
 QX_PACKED_R(q5_0, QX_Q5_0, 5)
 QX_PACKED_R(q4_0, QX_Q4_0, 3)
 QX_PACKED_R(q4_0, QX_Q4_0, 5)
+QX_PACKED_R(q4_1, QX_Q4_1, 3)
+QX_PACKED_R(q4_1, QX_Q4_1, 5)
+QX_PACKED_R(q5_1, QX_Q5_1, 3)
+QX_PACKED_R(q5_1, QX_Q5_1, 5)
 
 static const struct quant_kernels avx2_kernels = {
     .dot = {
@@ -321,8 +325,10 @@ static const struct quant_kernels avx2_kernels = {
                   [SLOT_Q4_K] = packed8x4_q4_k, [SLOT_Q5_0] = packed8x4_q5_0, [SLOT_Q5_1] = packed8x4_q5_1, [SLOT_Q6_K] = packed8x4_q6_k},
     .packed8x2 = {[SLOT_Q4_0] = packed8x2_q4_0, [SLOT_Q4_1] = packed8x2_q4_1, [SLOT_Q8_0] = packed8x2_q8_0,
                   [SLOT_Q4_K] = packed8x2_q4_k, [SLOT_Q5_0] = packed8x2_q5_0, [SLOT_Q5_1] = packed8x2_q5_1, [SLOT_Q6_K] = packed8x2_q6_k},
-    .packed8x3 = {[SLOT_Q8_0] = packed8x3_q8_0, [SLOT_Q5_0] = packed8x3_q5_0, [SLOT_Q4_0] = packed8x3_q4_0},
-    .packed8x5 = {[SLOT_Q8_0] = packed8x5_q8_0, [SLOT_Q5_0] = packed8x5_q5_0, [SLOT_Q4_0] = packed8x5_q4_0},
+    .packed8x3 = {[SLOT_Q8_0] = packed8x3_q8_0, [SLOT_Q5_0] = packed8x3_q5_0, [SLOT_Q4_0] = packed8x3_q4_0,
+                  [SLOT_Q4_1] = packed8x3_q4_1, [SLOT_Q5_1] = packed8x3_q5_1},
+    .packed8x5 = {[SLOT_Q8_0] = packed8x5_q8_0, [SLOT_Q5_0] = packed8x5_q5_0, [SLOT_Q4_0] = packed8x5_q4_0,
+                  [SLOT_Q4_1] = packed8x5_q4_1, [SLOT_Q5_1] = packed8x5_q5_1},
     .act_q8 = quant_avx2_act_q8,
     .act_q8_k = quant_avx2_act_q8_k,
 };
