@@ -289,8 +289,9 @@ QX_AVX2 float quant_avx2_dot_iq4_xs(int64_t nb, const void *wv, const void *xv)
     return qx_hsum(acc);
 }
 
-/* Three and five rows of Q8_0, Q5_0 and Q4_0 in one pass, AVX2 only: their sums fit the
- * sixteen registers without VNNI's partial sums; the VNNI tables keep four, two, one. */
+/* Three and five rows of Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1 in one pass, AVX2 only: their sums fit
+ * the sixteen registers without VNNI's partial sums; the VNNI tables keep four, two, one. (Q4_K
+ * and Q6_K were tried: docs/quantization.md.) */
 QX_PACKED_R(q8_0, packed8_q8, 3)
 QX_PACKED_R(q8_0, packed8_q8, 5)
 QX_PACKED_R(q5_0, QX_Q5_0, 3)
