@@ -12,8 +12,9 @@
  * usage: bench_engine --model DIR [--device cpu|cuda] [--device-id N] [--concurrency 1,4,16,64]
  *                     [--prompt 32] [--tokens 64] [--threads N] [--max-seqs 64]
  *                     [--max-batch-tokens 512] [--kv-cache-bytes N] [--bandwidth-gbs X] [--warmup 0|1]
- *                     [--temperature T] [--top-p P]
- * (greedy by default; --temperature > 0 samples, each request with its own seed). */
+ *                     [--temperature T] [--top-p P] [--top-k K]
+ * (greedy by default; --temperature > 0 samples, each request with its own seed; with 1 <= K < 64
+ * on CUDA each row's top 64 logits come to the host instead of the row, conductor take_top). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ struct req_stats {
 };
 
 static float g_temperature = 0.0f, g_top_p = 1.0f; /* --temperature, --top-p */
+static int g_top_k = 0;                              /* --top-k */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
@@ -96,6 +98,7 @@ static int run_round(struct engine *e, const struct engine_model_info *info, int
     struct request_params p = request_params_default();
     p.sampling.temperature = g_temperature;
     p.sampling.top_p = g_top_p;
+    p.sampling.top_k = g_top_k;
     p.max_tokens = tokens;
     p.ignore_eos = 1;
     double t0 = now();
@@ -166,7 +169,7 @@ static void usage(void)
     fprintf(stderr, "usage: bench_engine --model DIR [--device cpu|cuda] [--device-id N] [--concurrency 1,4,16,64]\n"
                     "                    [--prompt N] [--tokens N] [--threads N] [--max-seqs 64] [--max-batch-tokens 512]\n"
                     "                    [--kv-cache-bytes N] [--bandwidth-gbs X] [--warmup 0|1] [--temperature T]\n"
-                    "                    [--top-p P]\n");
+                    "                    [--top-p P] [--top-k K]\n");
 }
 
 int main(int argc, char **argv)
@@ -194,6 +197,7 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--warmup")) warmup = atoi(v);
         else if (!strcmp(k, "--temperature")) g_temperature = (float)atof(v);
         else if (!strcmp(k, "--top-p")) g_top_p = (float)atof(v);
+        else if (!strcmp(k, "--top-k")) g_top_k = atoi(v);
         else {
             fprintf(stderr, "bench_engine: unknown flag %s\n", k);
             usage();

@@ -1,7 +1,8 @@
 /* tests/test_sampler.c - the sampler: greedy is argmax; top-k, top-p and min-p never emit a
  * token they exclude; at temperature 1 the empirical distribution matches softmax (chi-square
  * on a fixed seed); temperature sharpens; penalties change logits exactly as specified; the RNG
- * stream depends only on its seed; parameter validation names the field.
+ * stream depends only on its seed; parameter validation names the field; drawing from a row's
+ * 64 largest logits (sampler_sample_top) gives the whole row's token where it promises to.
  * Prints one line per check and "N passed, M failed". */
 #include <math.h>
 #include <stdio.h>
@@ -171,6 +172,93 @@ static void check_filters_large(void)
     snprintf(what, sizeof what, "filters over %d logits equal the sort-everything rule (36 cases, %d draws)", (int)NV, draws);
     check(!bad, what, bad ? d : NULL);
     sampler_free(&g);
+}
+
+/* sampler_sample_top from a row's 64 largest logits against sampler_sample over the whole row:
+ * the same token and the same random stream for every seed, on rows where the floor holds more
+ * than top_k tokens, where it holds fewer (a handful of near-equal tokens far above the rest, so
+ * that their order matters: id order there, as over the whole row), and rows of many ties (the
+ * 64th place among equal logits); and sampler_top_exact refuses what it cannot promise. */
+#define TOP_V 1000
+#define TOP_K 64
+static const float *top_key;
+static int top_desc(const void *a, const void *b)
+{
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    if (top_key[i] != top_key[j]) return top_key[i] > top_key[j] ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+
+static void check_top(void)
+{
+    static float row[TOP_V], work[TOP_V], vals[TOP_K], lg[TOP_K];
+    static int32_t order[TOP_V], ids[TOP_K], tok[TOP_K];
+    struct sampler whole, top;
+    if (sampler_init(&whole, TOP_V) != STATUS_OK || sampler_init(&top, TOP_K) != STATUS_OK) return;
+    const float temps[] = {0.3f, 0.7f, 1.0f, 1.7f}, top_ps[] = {1.0f, 0.9f, 0.5f}, min_ps[] = {0.0f, 0.05f};
+    const int top_ks[] = {1, 5, 40, 63};
+    long draws = 0, differ = 0, streams = 0, few = 0;
+    char d[256] = "";
+    for (int kind = 0; kind < 3; kind++)
+        for (unsigned seed = 1; seed <= 6; seed++) {
+            struct rng g;
+            rng_seed(&g, 1000 * (unsigned)kind + seed);
+            for (int i = 0; i < TOP_V; i++) {
+                const float u = rng_uniform(&g);
+                row[i] = kind == 0 ? 8.0f * u - 4.0f          /* many within the floor */
+                       : kind == 1 ? -40.0f - 10.0f * u         /* the rest far below ... */
+                                   : (float)(int)(6.0f * u) * 0.5f; /* ties everywhere */
+            }
+            if (kind == 1) /* ... a handful of near-equal tokens at scattered ids */
+                for (int i = 0; i < 6; i++) row[(i * 397 + (int)seed * 31) % TOP_V] = 0.4f * rng_uniform(&g);
+            for (int i = 0; i < TOP_V; i++) order[i] = i;
+            top_key = row;
+            qsort(order, TOP_V, sizeof *order, top_desc);
+            for (int i = 0; i < TOP_K; i++) ids[i] = order[i], vals[i] = row[order[i]];
+            for (size_t a = 0; a < sizeof temps / sizeof *temps; a++)
+                for (size_t b = 0; b < sizeof top_ks / sizeof *top_ks; b++)
+                    for (size_t c = 0; c < sizeof top_ps / sizeof *top_ps; c++)
+                        for (size_t e = 0; e < sizeof min_ps / sizeof *min_ps; e++) {
+                            struct sampling_params p = sampling_params_default();
+                            p.temperature = temps[a], p.top_k = top_ks[b], p.top_p = top_ps[c], p.min_p = min_ps[e];
+                            int within = 0; /* tokens within the sampler's floor */
+                            for (int i = 0; i < TOP_V; i++) within += row[i] >= row[order[0]] + p.temperature * -27.631021f;
+                            few += within < p.top_k;
+                            for (uint64_t k = 0; k < 40; k++) {
+                                struct rng r1, r2;
+                                rng_seed(&r1, k * 7919 + seed), rng_seed(&r2, k * 7919 + seed);
+                                memcpy(work, row, sizeof row);
+                                const int32_t t1 = sampler_sample(&whole, &p, &r1, work, NULL, 0, NULL, 0);
+                                const int32_t t2 = sampler_sample_top(&top, &p, &r2, vals, ids, TOP_K, lg, tok);
+                                draws++;
+                                if (t1 != t2 && !differ++)
+                                    snprintf(d, sizeof d, "kind %d, T %g, top_k %d, top_p %g, min_p %g: %d against %d",
+                                             kind, p.temperature, p.top_k, p.top_p, p.min_p, t2, t1);
+                                streams += rng_next(&r1) != rng_next(&r2);
+                            }
+                        }
+        }
+    char what[160];
+    snprintf(what, sizeof what, "sampler_sample_top: %ld draws from the top %d of %d, the whole row's tokens "
+             "(%ld settings with fewer within the floor than top_k)", draws, TOP_K, TOP_V, few);
+    check(differ == 0 && streams == 0 && few > 0, what, differ || streams ? d : NULL);
+    struct sampling_params p = sampling_params_default();
+    p.temperature = 0.8f, p.top_k = 40;
+    const int yes = sampler_top_exact(&p, TOP_K);
+    p.top_k = TOP_K;
+    const int at_k = sampler_top_exact(&p, TOP_K);
+    p.top_k = 0;
+    const int none = sampler_top_exact(&p, TOP_K);
+    p.top_k = 40, p.presence_penalty = 0.5f;
+    const int pen = sampler_top_exact(&p, TOP_K);
+    p.presence_penalty = 0.0f, p.repetition_penalty = 1.1f;
+    const int rep = sampler_top_exact(&p, TOP_K);
+    p.repetition_penalty = 1.0f, p.temperature = 0.0f;
+    const int greedy = sampler_top_exact(&p, TOP_K);
+    check(yes && !at_k && !none && !pen && !rep && !greedy,
+          "sampler_top_exact: top_k 40 of 64 yes; top_k 64, top_k 0, penalties, temperature 0 no", NULL);
+    sampler_free(&whole);
+    sampler_free(&top);
 }
 
 int main(void)
@@ -347,6 +435,7 @@ int main(void)
 
     check_exp();
     check_filters_large();
+    check_top();
     sampler_free(&s);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

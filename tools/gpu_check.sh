@@ -175,6 +175,9 @@ run_bench() {
     echo "sampled requests (temperature 0.8, top_p 0.95: the logits downloaded, sampled on the host):" >> "$log"
     step "bench_engine llama1b cuda, sampled" 60 "$log" "$B/build/tests/bench_engine" --device cuda --model "$m" \
       --concurrency 1,64 --prompt 32 --tokens 64 --temperature 0.8 --top-p 0.95
+    echo "sampled requests with top_k 40 (temperature 0.8, top_p 0.95: each row's top 64 logits downloaded):" >> "$log"
+    step "bench_engine llama1b cuda, sampled top_k 40" 60 "$log" "$B/build/tests/bench_engine" --device cuda --model "$m" \
+      --concurrency 1,64 --prompt 32 --tokens 64 --temperature 0.8 --top-p 0.95 --top-k 40
     # One decode step's kernels at batch 1, each timed by Nsight Compute (the step's GPU time
     # against its wall time: launch-bound or not): ncu.csv, one row per kernel.
     local ncu

@@ -51,6 +51,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     const int64_t T = max_tokens, d = c->d_model, hd = c->head_dim;
     const int64_t E = c->n_experts, TK = E ? T * c->n_experts_used : 0, moe_T = E ? T : 0;
     const int64_t epTK = m->ep_size > 1 ? TK : 0;
+    const int64_t top_k = c->vocab_size < MODEL_MAX_TOP_K ? c->vocab_size : MODEL_MAX_TOP_K;
     /* gate and up hold one expert's rows too (moe_ffn features) */
     const int64_t ffn = E && c->moe_ffn > m->ffn_local ? c->moe_ffn : m->ffn_local;
     const struct work_entry table[] = {
@@ -85,6 +86,8 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.slots, DTYPE_I32, 1, {T}},
         {&m->ws.logit_rows, DTYPE_I32, 1, {max_logits}},
         {&m->ws.greedy_ids, DTYPE_I32, 1, {max_logits}},
+        {&m->ws.top_values, DTYPE_F32, 2, {max_logits, top_k}},
+        {&m->ws.top_ids, DTYPE_I32, 2, {max_logits, top_k}},
         {&m->ws.logits_ss, DTYPE_F32, 1, {1}},
         {&m->ws.lse, DTYPE_F32, 2, {T, m->n_heads_local}},
         {&m->ws.type_ids, DTYPE_I32, 1, {c->type_vocab_size > 0 ? T : 0}},
@@ -461,15 +464,24 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
     }
     const int64_t V = fb->head ? tensor_rows(fb->head) : m->cfg.vocab_size;
     if (fb->greedy_done) *fb->greedy_done = 0;
-    if (fb->greedy_ids && tensor_cols(&full) == V) {
+    if ((fb->greedy_ids || fb->top_k > 0) && tensor_cols(&full) == V) {
+        CHECK(fb->top_k <= tensor_cols(&m->ws.top_ids), "forward batch: top_k %d of at most %lld", fb->top_k,
+              (long long)tensor_cols(&m->ws.top_ids));
         struct tensor ids_dev = tensor_first_rows(&m->ws.greedy_ids, fb->n_logits);
+        struct tensor top_v = tensor_make(m->ws.top_values.data, DTYPE_F32, b->device, 2, (int64_t)fb->n_logits, fb->top_k);
+        struct tensor top_i = tensor_make(m->ws.top_ids.data, DTYPE_I32, b->device, 2, (int64_t)fb->n_logits, fb->top_k);
         float ss = 0.0f;
         backend_memset_zero(b, m->ws.logits_ss.data, sizeof ss);
         op_sum_squares(b, &m->ws.logits_ss, &full);
-        op_argmax(b, &ids_dev, &full);
+        if (fb->top_k > 0) op_topk(b, &top_v, &top_i, &full);
+        else op_argmax(b, &ids_dev, &full);
         backend_download(b, &ss, m->ws.logits_ss.data, sizeof ss);
         if (isfinite(ss)) {
-            backend_download(b, fb->greedy_ids, ids_dev.data, tensor_nbytes(&ids_dev));
+            if (fb->top_k > 0) {
+                backend_download(b, fb->top_values, top_v.data, tensor_nbytes(&top_v));
+                backend_download(b, fb->top_ids, top_i.data, tensor_nbytes(&top_i));
+            } else
+                backend_download(b, fb->greedy_ids, ids_dev.data, tensor_nbytes(&ids_dev));
             *fb->greedy_done = 1;
             return STATUS_OK;
         }

@@ -66,6 +66,7 @@ struct model_workspace {
     float *host_logits;            /* (max_logits, tp * vocab_local) host, when padded (tp > 1) */
     struct tensor tokens, positions, slots, logit_rows; /* i32 (max_tokens) */
     struct tensor greedy_ids;      /* i32 (max_logits): argmax of each logits row (greedy_ids) */
+    struct tensor top_values, top_ids; /* f32 / i32 (max_logits, MODEL_MAX_TOP_K or the vocabulary) */
     struct tensor logits_ss;       /* f32 (1): sum of squares of the logits (a finiteness check) */
     struct tensor lse;             /* f32 (max_tokens, heads_local): model_embed's attention statistics */
     struct tensor type_ids;        /* i32 (max_tokens), all 0: the one segment's token type (BERT) */
@@ -237,6 +238,9 @@ int model_owns(const struct model *m, const void *p);
 enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max_blocks,
                           int max_logits);
 
+/* The most top candidates a step may ask the device for (forward_batch.top_k). */
+#define MODEL_MAX_TOP_K 64
+
 /* One engine step, described in host memory by the caller. */
 struct forward_batch {
     int            n_tokens;
@@ -261,6 +265,14 @@ struct forward_batch {
      * usual, so the caller samples on the host and reports the bad rows. */
     int32_t *greedy_ids;
     int     *greedy_done;
+    /* Top candidates on the device instead (with greedy_done, greedy_ids NULL): when top_k > 0
+     * (<= MODEL_MAX_TOP_K and the vocabulary), the last stage writes each logits row's top_k
+     * largest logits, descending, lower id first on ties (op_topk), to top_values and their ids to
+     * top_ids (host, (n_logits, top_k)) and sets *greedy_done = 1, on greedy_ids' conditions
+     * (else the logits as usual). A row's argmax is its first id. */
+    int      top_k;
+    float   *top_values;
+    int32_t *top_ids;
     /* Another LM head instead of the model's (a draft's head over part of the vocabulary,
      * engine/serving/draft.c): (rows, d_model) in a dtype op_matmul takes as a weight, on the
      * model's backend; the logits are then (n_logits, rows), column j the head's row j. Only on

@@ -38,43 +38,44 @@ int conductor_is_first_rank(const struct conductor *c) { return !c->par.world ||
 
 /* ---- finishing samples ---------------------------------------------------------------------- */
 
-/* Before r's last FINISHED event: r stops counting as a user of its adapter, so that a client that
- * saw its request end may unload the adapter at once. The sequence is done: no later forward
- * reads the adapter for it. */
-static void drop_adapter_before_last(struct conductor *c, struct request *r)
-{
-    if (!r->adapter_held || r->live_samples > 1) return;
-    pthread_mutex_lock(&c->mu);
-    adapter_set_release(&c->adapters, r->adapter);
-    r->adapter_held = 0;
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* Drops one live sample of r; the request is freed after its last. */
-static void retire_sample(struct conductor *c, struct request *r, int n_generated)
+/* Counts the end of one of r's samples before its FINISHED event is emitted, so that a client that
+ * saw its request end finds it counted (GetServerStats: generated tokens, finished requests) and
+ * may unload its adapter at once: at the last sample r leaves the conductor's list and stops
+ * counting as a user of its adapter (the sequence is done: no later forward reads the adapter
+ * for it). Returns whether this was r's last sample: the caller frees r after the event. */
+static int end_sample(struct conductor *c, struct request *r, int n_generated)
 {
     pthread_mutex_lock(&c->mu);
     c->stats.generated_tokens += (uint64_t)n_generated;
-    if (--r->live_samples > 0) {
-        pthread_mutex_unlock(&c->mu);
-        return;
+    const int last = --r->live_samples == 0;
+    if (last) {
+        struct request **pp = &c->all;
+        while (*pp != r) pp = &(*pp)->next_all;
+        *pp = r->next_all;
+        if (r->adapter_held) adapter_set_release(&c->adapters, r->adapter);
+        r->adapter_held = 0;
+        c->stats.requests_finished++;
     }
-    struct request **pp = &c->all;
-    while (*pp != r) pp = &(*pp)->next_all;
-    *pp = r->next_all;
-    if (r->adapter_held) adapter_set_release(&c->adapters, r->adapter);
-    c->stats.requests_finished++;
     pthread_mutex_unlock(&c->mu);
-    request_free(r);
+    return last;
 }
 
-/* FINISHED for a sample that has no sequence (never forked, or could not be created). */
+/* Test hook, right after each FINISHED event: the engine waits $SHARDLM_TEST_FINISH_DELAY_MS, so
+ * that a count made after the event is missed by a client reading the stats at once. */
+static void hold_after_finished(const struct conductor *c)
+{
+    if (c->test_finish_delay_ns > 0) nanosleep(&(struct timespec){0, c->test_finish_delay_ns}, NULL);
+}
+
+/* FINISHED for a sample that has no sequence (never forked, or could not be created); frees r
+ * after its last. */
 static void finish_absent(struct conductor *c, struct request *r, int sample, enum finish_reason why,
                           enum status st, const char *message)
 {
-    drop_adapter_before_last(c, r);
+    const int last = end_sample(c, r, 0);
     request_emit_absent(r, sample, why, st, message);
-    retire_sample(c, r, 0);
+    hold_after_finished(c);
+    if (last) request_free(r);
 }
 
 /* Finishes a sample: releases its blocks, emits FINISHED with the first text_len bytes still
@@ -89,14 +90,15 @@ void finish_seq(struct conductor *c, struct seq *s, enum finish_reason why, enum
     s->state = SEQ_DONE;
     struct engine_event ev = {.kind = ENGINE_EVENT_FINISHED, .finish = why, .status = st,
                               .message = message, .text = s->held, .text_len = text_len};
-    drop_adapter_before_last(c, r); /* (unforked samples still count in live_samples) */
+    const int forks = s->sample == 0 && !r->forked, n = r->p.n;
+    if (forks) r->forked = 1;
+    const int last = end_sample(c, r, s->n_generated); /* (unforked samples count in live_samples) */
     request_emit(s, &ev);
-    if (s->sample == 0 && !r->forked) {
-        r->forked = 1;
-        for (int k = 1; k < r->p.n; k++) finish_absent(c, r, k, why, st, message);
-    }
-    retire_sample(c, r, s->n_generated);
+    hold_after_finished(c);
     s->req = NULL;
+    if (last) request_free(r);
+    else if (forks)
+        for (int k = 1; k < n; k++) finish_absent(c, r, k, why, st, message); /* the last frees r */
 }
 
 /* Finishes every sample of a request that has no sequence yet. */
@@ -227,7 +229,7 @@ enum status conductor_submit(struct conductor *c, const char *request_id, const 
     pthread_mutex_lock(&c->mu);
     st = refusal(c, p->n);
     /* The request counts as a user of its adapter until just before its last FINISHED event
-     * (drop_adapter_before_last): until then UnloadAdapter refuses. */
+     * (end_sample): until then UnloadAdapter refuses. */
     if (st == STATUS_OK) st = adapter_set_acquire(&c->adapters, p->adapter, &r->adapter, &r->adapter_key);
     r->adapter_held = st == STATUS_OK && r->adapter >= 0;
     /* The prefix cache's chain starts from the adapter's key, mixed with the salt (the request's
@@ -363,13 +365,15 @@ static void take_intake(struct conductor *c)
     scheduler_drop_finished(sc);
 }
 
-/* Whether every logits row of the planned step is sampled by a plain argmax (greedy, no
- * penalty, no logit bias, no banned ids, no log-probabilities, one sample per request), so the
- * device can pick the tokens and the logits need not come to the host. */
-static int step_is_plain_greedy(const struct conductor *c)
+/* How the planned step's logits rows may stay on the device: 2 when every sampled row is a plain
+ * argmax (greedy, no penalty, no logit bias, no banned ids, no log-probabilities, one sample per
+ * request), so the device picks the tokens; 1 when every sampled row is that or top_eligible, so
+ * the device sends each row's top candidates; 0 when some row needs its whole row on the host. */
+static int step_device_sampling(const struct conductor *c)
 {
     const struct scheduler *sc = &c->sched;
-    for (int i = 0; i < sc->n_running; i++) {
+    int mode = 2;
+    for (int i = 0; i < sc->n_running && mode; i++) {
         const struct seq *s = sc->running[i];
         if (s->n_rows == 0 || s->state != SEQ_RUNNING) continue;
         const struct request *r = s->req;
@@ -380,9 +384,9 @@ static int step_is_plain_greedy(const struct conductor *c)
         if (sp->temperature != 0.0f || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
             sp->frequency_penalty != 0.0f || r->p.n_logit_bias > 0 || s->n_generated < r->p.min_tokens ||
             r->p.logprobs >= 0 || r->p.n > 1 || r->p.max_tokens == 0)
-            return 0;
+            mode = top_eligible(c, s) ? 1 : 0;
     }
-    return 1;
+    return mode;
 }
 
 /* Step 3: the plan to every rank of the replica, then the forward pass over the planned rows. */
@@ -397,7 +401,9 @@ static enum status run_planned_step(struct conductor *c)
         st = plan_exchange(c, &ph);
         c->sched.n_copies = 0;
     }
-    c->step_greedy = c->device_greedy && step_is_plain_greedy(c);
+    const int dev = c->device_greedy ? step_device_sampling(c) : 0;
+    c->step_greedy = dev > 0;
+    c->step_top = dev == 1;
     if (st == STATUS_OK) st = run_forward(c, b->n_rows, b->n_seqs, b->n_logits, n_micro);
     pthread_mutex_lock(&c->mu);
     c->stats.steps++;
@@ -545,12 +551,14 @@ static void take_results(struct conductor *c, enum status st)
         lrow += lp_rows;
         if (!s->wants_sample) continue;
         const float *row = c->logits + (size_t)lrow * V;
-        const int32_t greedy_id = c->greedy_done ? c->greedy_ids[lrow] : -1;
+        const int top = c->greedy_done && c->step_top;
+        const int32_t greedy_id = !c->greedy_done ? -1 : top ? c->top_ids[(size_t)lrow * (size_t)c->top_k] : c->greedy_ids[lrow];
         lrow++;
         if (s->sample == 0 && !r->forked && r->p.n > 1 && r->p.max_tokens > 0) fork_and_take(c, s, row);
         verify_consider(c, s, row);
         r->forked = 1;
         if (pre && c->pre_tok[i] >= 0) take_chosen(c, s, row, c->pre_tok[i]); /* drawn by presample */
+        else if (top && r->p.sampling.temperature > 0.0f) take_top(c, s, lrow - 1);
         else take_token(c, s, row, greedy_id);
     }
 }

@@ -114,9 +114,19 @@ struct conductor {
     /* Greedy sampling on the device (forward_batch.greedy_ids): device_greedy says whether this
      * replica may use it (SHARDLM_DEVICE_SAMPLING=1 / 0; default: on CUDA, off on the CPU, where
      * the host reads the logits in place); step_greedy whether this step does (every sampled
-     * row is a plain argmax); greedy_done whether the forward pass gave ids (greedy_ids). */
+     * row is a plain argmax, or top candidates: step_top); greedy_done whether the forward pass
+     * gave ids (greedy_ids, or top_ids). */
     int      device_greedy, step_greedy, greedy_done;
     int32_t *greedy_ids;          /* (max_logits) */
+    /* Sampled rows from the device's top candidates (forward_batch.top_k), wherever device_greedy
+     * is on: step_top says whether this step asks for them (every sampled row greedy or
+     * top_eligible), top_k how many a row brings (MODEL_MAX_TOP_K or the vocabulary), top_values /
+     * top_ids those of the step's rows (max_logits, top_k), top_smp the sampler over one row's
+     * candidates, top_lg / top_tok its row in id order (take_top). */
+    int      step_top, top_k, top_used;
+    float   *top_values, *top_lg;
+    int32_t *top_ids, *top_tok;
+    struct sampler top_smp;
     /* Constraints (structured outputs): the vocabulary's token bytes and the compiled-grammar
      * cache, made at the first constrained request (gmu guards that), and one token mask. */
     pthread_mutex_t gmu;
@@ -134,6 +144,8 @@ struct conductor {
     /* Tests: $SHARDLM_TEST_STEP_DELAY_MS slows every planned step (a drain that lasts);
      * $SHARDLM_TEST_DRAFT_ROW_DELAY_MS slows a decode step by each draft row (draft_gate's test). */
     long     test_step_delay_ns, test_draft_row_delay_ns;
+    long     test_finish_delay_ns; /* $SHARDLM_TEST_FINISH_DELAY_MS: the engine waits that long after each
+                                    * FINISHED event (the stats' test) */
 
     pthread_mutex_t mu;
     pthread_cond_t  cv;
@@ -164,6 +176,19 @@ void        finish_seq(struct conductor *c, struct seq *s, enum finish_reason wh
                        size_t text_len);
 /* conductor_sample.c */
 int32_t     take_token(struct conductor *c, struct seq *s, const float *row, int32_t greedy_id);
+/* Whether s's next token may be drawn from its row's top c->top_k candidates alone
+ * (sampler_top_exact: the very token sampler_sample would draw from the whole row) with nothing
+ * else read from the row: no logit bias, banned ids (min_tokens), constraint or log-probabilities,
+ * one sample. */
+int         top_eligible(const struct conductor *c, const struct seq *s);
+/* take_token for a top_eligible s whose step brought top candidates: its token drawn from the
+ * candidates of logits row lrow (c->top_values / c->top_ids, sampler_sample_top), then taken
+ * (take_chosen). */
+int32_t     take_top(struct conductor *c, struct seq *s, int lrow);
+/* take_token's sampling without the taking: the token s draws from row (every sampling control and
+ * its constraint), or -1 when s finished instead (logits not finite, scoring only, the constraint
+ * failed). take_chosen then takes it. */
+int32_t     sample_token(struct conductor *c, struct seq *s, const float *row);
 /* A constrained sample's row lg (vocab, after sampling_logits): the logits of the tokens its
  * grammar forbids next, at the matcher's state s->gm, become -inf (EOS and the end-of-turn ids
  * only where the output may end; c->gmask allows EOS from the vocabulary); a lazy constraint

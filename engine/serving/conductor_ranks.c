@@ -103,7 +103,12 @@ enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logit
                                    .seq_row_path = b->row_path + s0};
         /* Workers never read their logits: they take the cheap path whenever it exists. */
         const int greedy = n_micro == 1 && (conductor_is_first_rank(c) ? c->step_greedy : c->device_greedy);
-        if (greedy) {
+        if (greedy && conductor_is_first_rank(c) && c->step_top) { /* (a worker's argmax is cheaper) */
+            fb.top_k = c->top_k;
+            fb.top_values = c->top_values;
+            fb.top_ids = c->top_ids;
+            fb.greedy_done = &c->greedy_done;
+        } else if (greedy) {
             fb.greedy_ids = c->greedy_ids;
             fb.greedy_done = &c->greedy_done;
         }

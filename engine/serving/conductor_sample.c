@@ -69,15 +69,22 @@ void conductor_lazy_setup(struct conductor *c, struct request *r, const struct r
  * s->rng exactly what sampler_sample draws: one number when temperature > 0, none when greedy. */
 int32_t take_token(struct conductor *c, struct seq *s, const float *row, int32_t greedy_id)
 {
-    struct request *r = s->req;
-    const int V = c->m->cfg.vocab_size, eos = conductor_eos_id(c);
-    if (greedy_id >= 0) { /* picked on the device (step_is_plain_greedy); every logit was finite */
+    const int eos = conductor_eos_id(c);
+    if (greedy_id >= 0) { /* picked on the device (step_device_sampling); every logit was finite */
         size_t text_len = 0;
         enum finish_reason why = request_take_token(s, greedy_id, eos, c->m->cfg.max_positions, NULL, NULL, 0, &text_len);
         if (why == FINISH_REASON_ERROR) finish_seq(c, s, why, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
         else if (why != FINISH_REASON_NONE) finish_seq(c, s, why, STATUS_OK, NULL, text_len);
         return greedy_id;
     }
+    const int32_t tok = sample_token(c, s, row);
+    return tok < 0 ? -1 : take_chosen(c, s, row, tok);
+}
+
+int32_t sample_token(struct conductor *c, struct seq *s, const float *row)
+{
+    const struct request *r = s->req;
+    const int V = c->m->cfg.vocab_size;
     if (!sampler_logits_finite(row, V)) {
         finish_seq(c, s, FINISH_REASON_ERROR, STATUS_INTERNAL,
                    "the model produced NaN or Inf logits for this sequence; no token was sampled", 0);
@@ -91,9 +98,28 @@ int32_t take_token(struct conductor *c, struct seq *s, const float *row, int32_t
     sampling_logits(c, s, row, s->n_generated, lg);
     if (r->grammar && !constrain(c, s, lg)) return -1;
     struct sampling_params sp = r->p.sampling;
-    int32_t tok = sampler_sample(&c->smp, &sp, &s->rng, lg, r->prompt, r->n_prompt,
-                                 s->tokens + r->n_prompt, s->n_generated);
-    return take_chosen(c, s, row, tok);
+    return sampler_sample(&c->smp, &sp, &s->rng, lg, r->prompt, r->n_prompt, s->tokens + r->n_prompt,
+                          s->n_generated);
+}
+
+int top_eligible(const struct conductor *c, const struct seq *s)
+{
+    const struct request *r = s->req;
+    return sampler_top_exact(&r->p.sampling, c->top_k) && r->p.n_logit_bias == 0 &&
+           s->n_generated >= r->p.min_tokens && !r->grammar && r->p.logprobs < 0 && r->p.n == 1 && r->p.max_tokens > 0;
+}
+
+int32_t take_top(struct conductor *c, struct seq *s, int lrow)
+{
+    const size_t K = (size_t)c->top_k;
+    struct sampling_params sp = s->req->p.sampling;
+    const int32_t tok = sampler_sample_top(&c->top_smp, &sp, &s->rng, c->top_values + (size_t)lrow * K,
+                                           c->top_ids + (size_t)lrow * K, c->top_k, c->top_lg, c->top_tok);
+    if (!c->top_used) {
+        c->top_used = 1;
+        LOG_INFO(MODULE, "a sampled row drew from the device's top %d logits (not the whole row)", c->top_k);
+    }
+    return take_chosen(c, s, NULL, tok);
 }
 
 void sampling_logits(struct conductor *c, const struct seq *s, const float *row, int n_generated, float *lg)

@@ -155,6 +155,8 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
                                          .policy = (enum scheduling_policy)o->scheduling};
     if ((st = scheduler_init(&c->sched, &c->cache, &so)) != STATUS_OK) goto fail;
     if ((st = sampler_init(&c->smp, cfg->vocab_size)) != STATUS_OK) goto fail;
+    c->top_k = cfg->vocab_size < MODEL_MAX_TOP_K ? cfg->vocab_size : MODEL_MAX_TOP_K;
+    if ((st = sampler_init(&c->top_smp, c->top_k)) != STATUS_OK) goto fail;
     const char *par_sampling = getenv("SHARDLM_PARALLEL_SAMPLING"); /* 0: every row on the engine thread */
     c->presample_off = par_sampling && !strcmp(par_sampling, "0");
     const char *dev_sampling = getenv("SHARDLM_DEVICE_SAMPLING");
@@ -176,7 +178,12 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->mb_rows = malloc((size_t)c->max_logits * sizeof(int32_t));
     c->greedy_ids = malloc((size_t)c->max_logits * sizeof(int32_t));
     c->gmask = malloc((V + 31) / 32 * sizeof *c->gmask);
-    if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows || !c->greedy_ids || !c->gmask) {
+    c->top_values = malloc((size_t)c->max_logits * (size_t)c->top_k * sizeof *c->top_values);
+    c->top_ids = malloc((size_t)c->max_logits * (size_t)c->top_k * sizeof *c->top_ids);
+    c->top_lg = malloc((size_t)c->top_k * sizeof *c->top_lg);
+    c->top_tok = malloc((size_t)c->top_k * sizeof *c->top_tok);
+    if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows || !c->greedy_ids || !c->gmask || !c->top_values ||
+        !c->top_ids || !c->top_lg || !c->top_tok) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
         goto fail;
     }
@@ -208,6 +215,8 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->test_step_delay_ns = test_delay_ns("SHARDLM_TEST_STEP_DELAY_MS", "every step waits that long");
     c->test_draft_row_delay_ns = test_delay_ns("SHARDLM_TEST_DRAFT_ROW_DELAY_MS",
                                                "a decode step waits that long for each draft row it verifies");
+    c->test_finish_delay_ns = test_delay_ns("SHARDLM_TEST_FINISH_DELAY_MS",
+                                            "the engine waits that long after each FINISHED event");
     /* Only the first rank times out: workers legitimately wait for the next plan forever. Every
      * rank beats (parallel_watch_start), so that the timeout names the rank that stopped. */
     if (c->par.world && c->par.world->rank == 0) c->par.world->timeout_s = o->rank_timeout_s;
@@ -235,6 +244,10 @@ void conductor_free(struct conductor *c)
     free(c->mb_qstart);
     free(c->mb_rows);
     free(c->greedy_ids);
+    free(c->top_values);
+    free(c->top_ids);
+    free(c->top_lg);
+    free(c->top_tok);
     free(c->gmask);
     verify_free(c);
     grammar_cache_free(c->gcache);
@@ -244,6 +257,7 @@ void conductor_free(struct conductor *c)
     backend_host_free(c->b, c->logits);
     free(c->scratch);
     sampler_free(&c->smp);
+    sampler_free(&c->top_smp);
     conductor_presample_free(c);
     draft_free(&c->draft);
     spec_keep_save(c); /* the thread has stopped (conductor_drain) */

@@ -709,6 +709,27 @@ static void check_matcher(struct conductor *c, struct seq *s)
                                "never drafted", 0);
 }
 
+/* Adds drafted and accepted tokens (from where they came: seq.spec_lookup) and backoffs to the
+ * engine's counters. take_drafted counts each before the token that may finish the request is
+ * taken, so that a client that saw its request end finds its drafts counted in GetServerStats.
+ * (An accepted draft whose taking then failed, out of memory starting a constraint's matcher,
+ * stays counted.) */
+static void count_spec(struct conductor *c, int from, int drafted, int accepted, int backoffs)
+{
+    pthread_mutex_lock(&c->mu);
+    c->stats.spec_drafted += (uint64_t)drafted;
+    c->stats.spec_accepted += (uint64_t)accepted;
+    if (from == SPEC_FROM_LOOKUP) {
+        c->stats.spec_lookup_drafted += (uint64_t)drafted;
+        c->stats.spec_lookup_accepted += (uint64_t)accepted;
+    } else if (from == SPEC_FROM_CORPUS) {
+        c->stats.spec_corpus_drafted += (uint64_t)drafted;
+        c->stats.spec_corpus_accepted += (uint64_t)accepted;
+    }
+    c->stats.spec_backoffs += (uint64_t)backoffs;
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* s ran its real token and n_ver of its drafts (rows row[0 .. n_ver]). Row by row the target's
  * token is taken: for a prompt-lookup or greedy draft (one-hot q) it is sampled exactly as a
  * plain decode step samples it (take_token: the same controls, the same random stream, the
@@ -732,16 +753,18 @@ void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_v
     s->n_tokens = real_end;
     s->n_draft = 0;
     s->spec_q = NULL;
+    const int from = s->spec_lookup;
     int n_accepted = 0;
+    count_spec(c, from, n_ver, 0, 0);
     for (int i = 0; i <= n_ver; i++) {
         const float *row = rows + (size_t)i * V;
-        int32_t tok;
-        if (q && i < n_ver && sampler_logits_finite(row, V) && s->req->p.max_tokens > 0) {
-            tok = verify_sampled(c, s, row, draft[i], q + (size_t)i * V);
-            if (tok >= 0) tok = take_chosen(c, s, row, tok);
-        } else
-            tok = take_token(c, s, row, -1);
-        const int accepted = i < n_ver && tok == draft[i];
+        const int32_t tok = q && i < n_ver && sampler_logits_finite(row, V) && s->req->p.max_tokens > 0
+                                ? verify_sampled(c, s, row, draft[i], q + (size_t)i * V)
+                                : sample_token(c, s, row);
+        if (tok < 0) break; /* s finished instead */
+        const int match = i < n_ver && tok == draft[i];
+        if (match) count_spec(c, from, 0, 1, 0);
+        const int accepted = take_chosen(c, s, row, tok) >= 0 && match;
         n_accepted += accepted;
         if (s->state != SEQ_RUNNING || !accepted) break; /* finished, or the target's token replaced the draft */
     }
@@ -749,16 +772,5 @@ void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_v
     check_matcher(c, s);
     const int backoff = adapt(c, s, limit, n_ver, n_accepted);
     if (!s->spec_lookup && c->spec_gate) c->step_d_rows += n_ver, c->step_d_accepted += n_accepted;
-    pthread_mutex_lock(&c->mu);
-    c->stats.spec_drafted += (uint64_t)n_ver;
-    c->stats.spec_accepted += (uint64_t)n_accepted;
-    if (s->spec_lookup == SPEC_FROM_LOOKUP) {
-        c->stats.spec_lookup_drafted += (uint64_t)n_ver;
-        c->stats.spec_lookup_accepted += (uint64_t)n_accepted;
-    } else if (s->spec_lookup == SPEC_FROM_CORPUS) {
-        c->stats.spec_corpus_drafted += (uint64_t)n_ver;
-        c->stats.spec_corpus_accepted += (uint64_t)n_accepted;
-    }
-    c->stats.spec_backoffs += (uint64_t)backoff;
-    pthread_mutex_unlock(&c->mu);
+    if (backoff && s->state == SEQ_RUNNING) count_spec(c, from, 0, 0, backoff); /* (a finished one drafts no more) */
 }

@@ -139,7 +139,7 @@ static enum status run_chunk(struct conductor *c, const struct verify_job *j, co
         st = plan_exchange(c, &ph);
         c->sched.n_copies = 0;
     }
-    c->step_greedy = 0; /* the whole row is wanted */
+    c->step_greedy = c->step_top = 0; /* the whole row is wanted */
     return st == STATUS_OK ? run_forward(c, take, 1, last, 1) : st;
 }
 

@@ -327,6 +327,27 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
     return s->order[n - 1];
 }
 
+int sampler_top_exact(const struct sampling_params *p, int k)
+{
+    return p->temperature > 0.0f && p->top_k >= 1 && p->top_k < k && p->repetition_penalty == 1.0f &&
+           p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f;
+}
+
+/* The k go into a row of their own in id order, so that the sampler meets them in the whole row's
+ * order: with more than top_k within its floor it sorts the first top_k by logit (ties by id, as
+ * op_topk ranks them); with fewer, it adds their weights in id order (top_p's normalising sum) before
+ * it sorts them, as over the whole row, so that even the sum's last bit is the same. */
+int32_t sampler_sample_top(struct sampler *s, const struct sampling_params *p, struct rng *r,
+                           const float *values, const int32_t *ids, int k, float *lg, int32_t *tok)
+{
+    for (int i = 0; i < k; i++) { /* insertion by id (k is small) */
+        int j = i;
+        for (; j > 0 && tok[j - 1] > ids[i]; j--) tok[j] = tok[j - 1], lg[j] = lg[j - 1];
+        tok[j] = ids[i], lg[j] = values[i];
+    }
+    return tok[sampler_sample(s, p, r, lg, NULL, 0, NULL, 0)];
+}
+
 void sampler_probs(struct sampler *s, const struct sampling_params *p, float *logits, const int32_t *prompt,
                    int n_prompt, const int32_t *output, int n_output, float *out)
 {

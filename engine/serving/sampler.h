@@ -58,6 +58,19 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
                        float *logits, const int32_t *prompt, int n_prompt, const int32_t *output,
                        int n_output);
 
+/* Whether sampler_sample_top draws the very token sampler_sample draws from the whole row, for
+ * every row, from the row's k largest logits: temperature > 0, 1 <= top_k < k, no penalty. (The
+ * row's top_k most likely tokens are then among the k whatever else it holds, and every later
+ * filter reads only those; with fewer than top_k within the sampler's floor below the largest,
+ * every token within it is among the k.) */
+int         sampler_top_exact(const struct sampling_params *p, int k);
+/* sampler_sample's token for a row of which only its k largest logits are known: values
+ * descending with their ids (ties by lower id: op_topk's order), no logit NaN. s is made for k
+ * (sampler_init(s, k)); lg and tok (k) are scratch. Draws one number from r, as sampler_sample
+ * does; exact under sampler_top_exact, and never reads the rest of the row. */
+int32_t     sampler_sample_top(struct sampler *s, const struct sampling_params *p, struct rng *r,
+                               const float *values, const int32_t *ids, int k, float *lg, int32_t *tok);
+
 /* The distribution sampler_sample draws from, dense into out (vocab_size; 0 outside the tokens
  * the filters keep, one-hot on the argmax when greedy), under the same parameters; logits are
  * modified as there. Draws nothing. Speculative decoding with a draft model compares the

@@ -16,7 +16,9 @@ user's, an altered one, another tokenizer's, one cut short, --dp 2 and the flag 
 refused by name, the file left as it was. Refusals at start-up name the
 flag: --spec-corpus without speculation, --spec-corpus-min 0, --spec-corpus-p-min 0, a malformed
 line (file and line named), a file with no model turn, --spec-corpus-learn without speculation or
-with a bad count.
+with a bad count. Learned answers draft only for their own scope (API key, adapter). GetServerStats
+read at once after a reply already counts it (its drafts, tokens, the request), the engine held
+after the reply by SHARDLM_TEST_FINISH_DELAY_MS.
 
   test_speculative_corpus.py --shardlm BUILD/cli/shardlm --model DIR [--gguf SMOLLM2.gguf]
 SKIP (77) without the model or the Python client.
@@ -320,7 +322,8 @@ def scopes(a, tmp):
           f"scopes: key A's answer does not draft for key B ({b1[0]} corpus drafts) and drafts A's repeat "
           f"({a2[1]} accepted of {a2[0]})")
     check(c_http == 0 and d_http == 0 and c_http2 > 20,
-          f"scopes over HTTP: C's answer drafts for C again ({c_http2}), never for D ({d_http})")
+          f"scopes over HTTP: C's answer drafts for C again ({c_http2}), never for D ({d_http}) nor for C's "
+          f"first request ({c_http})")
     salt = kept_dir / "owner.salt"
     check(salt.exists() and (salt.stat().st_mode & 0o777) == 0o600 and len(salt.read_text().strip()) == 32,
           f"the kept file's directory holds the owners' salt (owner.salt, 0600): {salt.exists()}")
@@ -331,6 +334,63 @@ def scopes(a, tmp):
     check(a3[1] > 20 and c3[1] > 20 and e1[0] == 0,
           f"scopes after a restart: each key's kept answers draft for it ({a3[1]}, {c3[1]} accepted), for a "
           f"key that asked nothing none ({e1[0]})")
+
+
+COUNTED = ("requests_finished", "generated_tokens", "spec_draft_tokens", "spec_accepted_tokens",
+           "spec_lookup_draft_tokens", "spec_lookup_accepted_tokens", "spec_corpus_draft_tokens",
+           "spec_corpus_accepted_tokens", "spec_backoffs", "spec_corpus_tokens")
+
+
+def counted(a, tmp):
+    """A client that saw its request end finds it counted: GetServerStats read at once after a reply
+    (unary gRPC, n = 2 samples, HTTP) equals the stats read after the engine has long moved on, and
+    counts the request and its tokens. SHARDLM_TEST_FINISH_DELAY_MS holds the engine thread 400 ms
+    after each FINISHED event, so that a count made after the event (as the drafts of
+    the step that finished a request were) is missed by the first read."""
+    env = dict(os.environ, SHARDLM_TEST_FINISH_DELAY_MS="400")
+    args = ["--speculative", "ngram", "--spec-draft", "4", "--spec-corpus-learn", "1000000"]
+    prompt = "Sue and Tim looked at the moon"
+
+    def stats(srv):
+        with srv.client(timeout=60) as c:
+            s = c.server_stats()
+        return {f: getattr(s, f) for f in COUNTED}
+
+    def settled(srv, before, what):
+        at_once = stats(srv)
+        time.sleep(0.8)
+        later = stats(srv)
+        check(at_once == later and at_once["requests_finished"] == before["requests_finished"] + 1,
+              f"counted: {what}: the stats read at once after the reply = the stats read later "
+              f"({ {k: (at_once[k], later[k]) for k in COUNTED if at_once[k] != later[k]} or 'equal'}; "
+              f"requests finished {before['requests_finished']} -> {at_once['requests_finished']})")
+        return at_once
+
+    with TS.Server(a.shardlm, Path(a.model), *args, name="counted", env=env, http=True) as srv:
+        s0 = stats(srv)
+        with srv.client(timeout=60) as c:
+            g1 = c.generate(prompt, max_tokens=80, temperature=0)
+        s1 = settled(srv, s0, "a first answer")
+        with srv.client(timeout=60) as c:
+            g2 = c.generate(prompt, max_tokens=80, temperature=0)
+        s2 = settled(srv, s1, "the repeat drafted from the corpus")
+        check(s2["spec_corpus_accepted_tokens"] - s1["spec_corpus_accepted_tokens"] > 20 and g2.text == g1.text
+              and s2["generated_tokens"] - s1["generated_tokens"] == g2.completion_tokens,
+              f"counted: the repeat's corpus drafts and its {g2.completion_tokens} tokens are in the stats read at "
+              f"once ({s2['spec_corpus_accepted_tokens'] - s1['spec_corpus_accepted_tokens']} accepted, "
+              f"{s2['generated_tokens'] - s1['generated_tokens']} generated)")
+        with srv.client(timeout=60) as c:
+            g3 = c.generate(prompt, max_tokens=80, temperature=0.8, seed=7, n=2)
+        s3 = settled(srv, s2, "two samples")
+        check(s3["generated_tokens"] - s2["generated_tokens"] == sum(x.completion_tokens for x in g3.completions),
+              f"counted: both samples' tokens are in the stats read at once "
+              f"({s3['generated_tokens'] - s2['generated_tokens']} of {[x.completion_tokens for x in g3.completions]})")
+        body = json.dumps({"prompt": prompt, "max_tokens": 80, "temperature": 0}).encode()
+        req = urllib.request.Request(srv.base + "/v1/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            json.loads(r.read())
+        settled(srv, s3, "an HTTP completion")
 
 
 def refuse(a, args, want, what):
@@ -385,6 +445,7 @@ def main():
             learn(a, tmp)
             keep(a, tmp)
             scopes(a, tmp)
+            counted(a, tmp)
             if a.gguf and os.path.exists(a.gguf):
                 # SmolLM2's blocks depend on a step's rows (test_speculative.py compare): one at a time
                 compare(a, a.gguf, "smollm2", True, tmp, batch=False, max_tokens=40)
