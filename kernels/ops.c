@@ -525,3 +525,16 @@ void op_topk(struct backend *b, const struct tensor *values, const struct tensor
     b->ops->topk(b, values, ids, x);
     after_op(b);
 }
+
+void op_logit_mass(struct backend *b, const struct tensor *mass, const struct tensor *x,
+                   const struct tensor *inv_temp)
+{
+    check_float(b, x, "logit_mass x");
+    check_on(b, mass, "logit_mass mass");
+    check_on(b, inv_temp, "logit_mass inv_temp");
+    CHECK(mass->dtype == DTYPE_F32 && inv_temp->dtype == DTYPE_F32 && tensor_numel(mass) == tensor_rows(x) &&
+              tensor_numel(inv_temp) == tensor_rows(x),
+          "logit_mass: mass %s inv_temp %s x %s", DESC(mass), DESC(inv_temp), DESC(x));
+    b->ops->logit_mass(b, mass, x, inv_temp);
+    after_op(b);
+}

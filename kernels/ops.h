@@ -224,6 +224,8 @@ struct backend_ops {
     void (*argmax)(struct backend *b, const struct tensor *ids, const struct tensor *x);
     void (*topk)(struct backend *b, const struct tensor *values, const struct tensor *ids,
                  const struct tensor *x);
+    void (*logit_mass)(struct backend *b, const struct tensor *mass, const struct tensor *x,
+                       const struct tensor *inv_temp);
 
     /* training attention (kernels/cpu/attention_train.c, kernels/cuda/attention_train.cu) */
     void (*attention_train)(struct backend *b, const struct tensor *out, const struct tensor *lse,
@@ -598,6 +600,13 @@ void op_argmax(struct backend *b, const struct tensor *ids, const struct tensor 
  * f32 (n, k) whatever x's dtype, ids i32 (n, k); k <= v (k <= 4096 on CUDA). */
 void op_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
              const struct tensor *x);
+
+/* Per row i of x (n, v), with its largest value m and w = inv_temp[i] (f32 (n)): mass f32 (n) =
+ * the sum of exp((x_ij - m) w) over the j where (x_ij - m) w >= ln(1e-12), accumulated in f64
+ * (the sampler's weights within its floor: engine/serving/sampler.c); 0 where w <= 0. Rows
+ * holding NaN or Inf give an unspecified value (the caller checks finiteness). */
+void op_logit_mass(struct backend *b, const struct tensor *mass, const struct tensor *x,
+                   const struct tensor *inv_temp);
 
 /* ---- training attention ------------------------------------------------------------------ */
 

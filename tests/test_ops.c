@@ -1148,6 +1148,54 @@ static void case_topk(struct suite *s, enum dtype dt, int rows, int v_len, int k
     case_end(s, name, &v);
 }
 
+/* op_logit_mass (sampled rows' top candidates: the weights' sum within the sampler's floor). Row
+ * i of kind i % 4 with inverse temperature w[i]: 0 N(0, 3); 1 around 1e4 (the maximum subtracted
+ * first); 2 one token far above the rest (the floor leaves it alone); 3 w = 0 (no sum: 0). The
+ * reference sums in double over the same floor; within 1e-5 relative (f32 exp per element, the
+ * f32 result). */
+static void case_logit_mass(struct suite *s, enum dtype dt, int rows, int v_len)
+{
+    char name[96];
+    snprintf(name, sizeof name, "logit_mass %s rows=%d v=%d", dtype_name(dt), rows, v_len);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_make(s, dt, (size_t)rows * v_len);
+    float *w = case_alloc(s, (size_t)rows, sizeof(float));
+    double *want = case_alloc(s, (size_t)rows, sizeof(double)), *tol = case_alloc(s, (size_t)rows, sizeof(double));
+    for (int i = 0; i < rows; i++) {
+        w[i] = i % 4 == 3 ? 0.0f : (float)(1.0 / rng_range(&r, 0.1, 2.0));
+        for (int j = 0; j < v_len; j++) {
+            double val = i % 4 == 1 ? 1e4 + 3.0 * rng_normal(&r) : 3.0 * rng_normal(&r);
+            if (i % 4 == 2 && j == v_len / 3) val = 60.0;
+            hbuf_set(&x, (size_t)i * v_len + j, val);
+        }
+        const double *xr = x.val + (size_t)i * v_len;
+        double m = -INFINITY, sum = 0.0;
+        for (int j = 0; j < v_len; j++) m = xr[j] > m ? xr[j] : m;
+        for (int j = 0; j < v_len; j++) {
+            const double d = (xr[j] - m) * w[i];
+            if (w[i] > 0.0f && d >= log(1e-12)) sum += exp(d);
+        }
+        want[i] = sum;
+        tol[i] = 1e-5 * sum + 1e-30;
+    }
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    float *bits = case_alloc(s, (size_t)rows, sizeof(float));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = arena_in(&a, "x", dt, S2(rows, v_len), x.bits);
+        struct tensor tw = arena_in(&a, "inv_temp", DTYPE_F32, S1(rows), w);
+        struct tensor tm = arena_out(&a, "mass", DTYPE_F32, S1(rows), NULL, bits);
+        if (SUPPORTED(&v, b, logit_mass)) op_logit_mass(b, &tm, &tx, &tw);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, DTYPE_F32, (size_t)rows);
+    }
+    check_close(s, &v, "mass", got, want, tol, (size_t)rows, 1);
+    case_end(s, name, &v);
+}
+
 /* ==== the case list ========================================================================= */
 
 static void run_all(struct suite *s)
@@ -1291,6 +1339,8 @@ static void run_all(struct suite *s)
             case_argmax(s, float_dtypes[di], 8, am[i]);
         for (size_t i = 0; i < sizeof tk / sizeof tk[0]; i++)
             case_topk(s, float_dtypes[di], tk[i][0], tk[i][1], tk[i][2]);
+        case_logit_mass(s, float_dtypes[di], 8, 1000);
+        case_logit_mass(s, float_dtypes[di], 4, 49152);
     }
 }
 

@@ -261,6 +261,74 @@ static void check_top(void)
     sampler_free(&top);
 }
 
+/* sampler_sample_nucleus (top_p and / or min_p, no top_k) from a row's 64 largest logits and its
+ * mass, given within 5e-5 of the host's sum (either side): wherever it decides, the whole row's
+ * token and random stream; where it does not, nothing drawn. Rows from peaked (a few tokens far
+ * above the rest: decided) to flat (the nucleus past the 64: not). */
+static void check_nucleus(void)
+{
+    static float row[TOP_V], work[TOP_V], vals[TOP_K], w[TOP_K];
+    static int32_t order[TOP_V], ids[TOP_K];
+    struct sampler whole;
+    if (sampler_init(&whole, TOP_V) != STATUS_OK) return;
+    const float temps[] = {0.5f, 1.0f}, top_ps[] = {1.0f, 0.95f, 0.8f}, min_ps[] = {0.0f, 0.02f, 0.2f};
+    long decided = 0, undecided = 0, differ = 0, streams = 0, decided_p = 0, decided_minp = 0;
+    char d[256] = "";
+    for (int kind = 0; kind < 4; kind++)
+        for (unsigned seed = 1; seed <= 6; seed++) {
+            struct rng g;
+            rng_seed(&g, 7000 * (unsigned)kind + seed);
+            for (int i = 0; i < TOP_V; i++) { /* 0 flat; 1-3 a head of 8 * kind tokens over a tail */
+                const float u = rng_uniform(&g);
+                row[i] = kind == 0 ? 2.0f * u : -6.0f - 6.0f * u;
+            }
+            for (int i = 0; kind > 0 && i < 8 * kind; i++) row[(i * 131 + (int)seed * 17) % TOP_V] = 3.0f * rng_uniform(&g);
+            for (int i = 0; i < TOP_V; i++) order[i] = i;
+            top_key = row;
+            qsort(order, TOP_V, sizeof *order, top_desc);
+            for (int i = 0; i < TOP_K; i++) ids[i] = order[i], vals[i] = row[order[i]];
+            for (size_t a = 0; a < sizeof temps / sizeof *temps; a++)
+                for (size_t c = 0; c < sizeof top_ps / sizeof *top_ps; c++)
+                    for (size_t e = 0; e < sizeof min_ps / sizeof *min_ps; e++) {
+                        struct sampling_params p = sampling_params_default();
+                        p.temperature = temps[a], p.top_p = top_ps[c], p.min_p = min_ps[e];
+                        if (!sampler_nucleus_fits(&p)) continue;
+                        const float top = vals[0], floor_logit = top + p.temperature * -27.631021f;
+                        double mass = 0.0;
+                        for (int i = 0; i < TOP_V; i++)
+                            if (row[i] >= floor_logit) mass += sampler_exp((row[i] - top) / p.temperature);
+                        for (uint64_t k = 0; k < 30; k++) {
+                            struct rng r1, r2;
+                            rng_seed(&r1, k * 104729 + seed), rng_seed(&r2, k * 104729 + seed);
+                            memcpy(work, row, sizeof row);
+                            const int32_t t1 = sampler_sample(&whole, &p, &r1, work, NULL, 0, NULL, 0);
+                            const double given = mass * (1.0 + (k % 3 == 0 ? 5e-5 : k % 3 == 1 ? -5e-5 : 0.0));
+                            const int32_t t2 = sampler_sample_nucleus(&p, &r2, vals, ids, TOP_K, given, w);
+                            if (t2 < 0) {
+                                undecided++;
+                                struct rng fresh;
+                                rng_seed(&fresh, k * 104729 + seed);
+                                streams += rng_next(&fresh) != rng_next(&r2);
+                                continue;
+                            }
+                            decided++;
+                            decided_p += p.top_p < 1.0f, decided_minp += p.top_p >= 1.0f;
+                            if (t1 != t2 && !differ++)
+                                snprintf(d, sizeof d, "kind %d, T %g, top_p %g, min_p %g: %d against %d", kind,
+                                         p.temperature, p.top_p, p.min_p, t2, t1);
+                            streams += rng_next(&r1) != rng_next(&r2);
+                        }
+                    }
+        }
+    char what[320];
+    snprintf(what, sizeof what, "sampler_sample_nucleus: %ld of %ld draws decided from the top %d (%ld top_p, %ld "
+             "min_p alone), each the whole row's token; the rest drew nothing", decided, decided + undecided, TOP_K,
+             decided_p, decided_minp);
+    check(differ == 0 && streams == 0 && decided_p > 0 && decided_minp > 0 && undecided > 0, what,
+          differ || streams ? d : NULL);
+    sampler_free(&whole);
+}
+
 int main(void)
 {
     struct sampler s;
@@ -436,6 +504,7 @@ int main(void)
     check_exp();
     check_filters_large();
     check_top();
+    check_nucleus();
     sampler_free(&s);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

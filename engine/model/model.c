@@ -88,6 +88,8 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.greedy_ids, DTYPE_I32, 1, {max_logits}},
         {&m->ws.top_values, DTYPE_F32, 2, {max_logits, top_k}},
         {&m->ws.top_ids, DTYPE_I32, 2, {max_logits, top_k}},
+        {&m->ws.top_inv_temp, DTYPE_F32, 1, {max_logits}},
+        {&m->ws.top_mass, DTYPE_F32, 1, {max_logits}},
         {&m->ws.logits_ss, DTYPE_F32, 1, {1}},
         {&m->ws.lse, DTYPE_F32, 2, {T, m->n_heads_local}},
         {&m->ws.type_ids, DTYPE_I32, 1, {c->type_vocab_size > 0 ? T : 0}},
@@ -473,6 +475,12 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
         float ss = 0.0f;
         backend_memset_zero(b, m->ws.logits_ss.data, sizeof ss);
         op_sum_squares(b, &m->ws.logits_ss, &full);
+        struct tensor mass = tensor_first_rows(&m->ws.top_mass, fb->n_logits);
+        if (fb->top_k > 0 && fb->top_mass) {
+            struct tensor inv_temp = tensor_first_rows(&m->ws.top_inv_temp, fb->n_logits);
+            backend_upload(b, inv_temp.data, fb->top_inv_temp, tensor_nbytes(&inv_temp));
+            op_logit_mass(b, &mass, &full, &inv_temp);
+        }
         if (fb->top_k > 0) op_topk(b, &top_v, &top_i, &full);
         else op_argmax(b, &ids_dev, &full);
         backend_download(b, &ss, m->ws.logits_ss.data, sizeof ss);
@@ -480,6 +488,7 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
             if (fb->top_k > 0) {
                 backend_download(b, fb->top_values, top_v.data, tensor_nbytes(&top_v));
                 backend_download(b, fb->top_ids, top_i.data, tensor_nbytes(&top_i));
+                if (fb->top_mass) backend_download(b, fb->top_mass, mass.data, tensor_nbytes(&mass));
             } else
                 backend_download(b, fb->greedy_ids, ids_dev.data, tensor_nbytes(&ids_dev));
             *fb->greedy_done = 1;
@@ -519,6 +528,25 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
     const enum status st = forward_step(m, cache, fb, logits);
     m->b->rows_as_decode = 0;
     return st;
+}
+
+enum status model_logits_row(struct model *m, int row, float *out)
+{
+    struct backend *b = m->b;
+    const struct tensor *full = m->tp_size > 1 ? &m->ws.logits_full : &m->ws.logits;
+    const int64_t V = m->cfg.vocab_size, cols = tensor_cols(full);
+    CHECK(cols == V && row >= 0 && row < tensor_rows(full), "model_logits_row: row %d of %lld x %lld logits", row,
+          (long long)tensor_rows(full), (long long)cols);
+    const struct tensor src = tensor_make((char *)full->data + (size_t)row * (size_t)cols * dtype_size(full->dtype),
+                                          full->dtype, b->device, 2, (int64_t)1, cols);
+    if (src.dtype == DTYPE_F32) {
+        backend_download(b, out, src.data, (size_t)V * sizeof *out);
+        return STATUS_OK;
+    }
+    const struct tensor f32 = tensor_make(m->ws.logits_f32.data, DTYPE_F32, b->device, 2, (int64_t)1, cols);
+    op_cast(b, &f32, &src);
+    backend_download(b, out, f32.data, (size_t)V * sizeof *out);
+    return STATUS_OK;
 }
 
 /* ---- embeddings ------------------------------------------------------------------------------ */

@@ -67,6 +67,7 @@ struct model_workspace {
     struct tensor tokens, positions, slots, logit_rows; /* i32 (max_tokens) */
     struct tensor greedy_ids;      /* i32 (max_logits): argmax of each logits row (greedy_ids) */
     struct tensor top_values, top_ids; /* f32 / i32 (max_logits, MODEL_MAX_TOP_K or the vocabulary) */
+    struct tensor top_inv_temp, top_mass; /* f32 (max_logits): forward_batch.top_inv_temp, top_mass */
     struct tensor logits_ss;       /* f32 (1): sum of squares of the logits (a finiteness check) */
     struct tensor lse;             /* f32 (max_tokens, heads_local): model_embed's attention statistics */
     struct tensor type_ids;        /* i32 (max_tokens), all 0: the one segment's token type (BERT) */
@@ -273,6 +274,10 @@ struct forward_batch {
     int      top_k;
     float   *top_values;
     int32_t *top_ids;
+    /* With top_k, when top_mass is non-NULL: each row's op_logit_mass at the inverse temperature
+     * top_inv_temp[row] (host, n_logits; 0 = none) into top_mass (host, n_logits). */
+    const float *top_inv_temp;
+    float       *top_mass;
     /* Another LM head instead of the model's (a draft's head over part of the vocabulary,
      * engine/serving/draft.c): (rows, d_model) in a dtype op_matmul takes as a weight, on the
      * model's backend; the logits are then (n_logits, rows), column j the head's row j. Only on
@@ -295,6 +300,11 @@ struct forward_batch {
  * return STATUS_UNAVAILABLE. */
 enum status model_forward(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
                           float *logits);
+
+/* After a model_forward on the last stage whose logits stayed on the device (greedy_ids or top_k
+ * done), logits row `row` (< its n_logits) as f32 into out (vocab_size): a sampled row whose top
+ * candidates could not decide its token. */
+enum status model_logits_row(struct model *m, int row, float *out);
 
 /* How model_embed turns a sequence's final hidden states into one vector. */
 enum model_pooling {

@@ -122,9 +122,11 @@ struct conductor {
      * is on: step_top says whether this step asks for them (every sampled row greedy or
      * top_eligible), top_k how many a row brings (MODEL_MAX_TOP_K or the vocabulary), top_values /
      * top_ids those of the step's rows (max_logits, top_k), top_smp the sampler over one row's
-     * candidates, top_lg / top_tok its row in id order (take_top). */
-    int      step_top, top_k, top_used;
-    float   *top_values, *top_lg;
+     * candidates, top_lg / top_tok its row in id order (take_top); top_inv_temp / top_mass each
+     * row's inverse temperature for its mass (0: none wanted) and the mass (sampler_sample_nucleus),
+     * step_mass whether this step wants any. */
+    int      step_top, step_mass, top_k, top_used, top_fetched;
+    float   *top_values, *top_lg, *top_inv_temp, *top_mass;
     int32_t *top_ids, *top_tok;
     struct sampler top_smp;
     /* Constraints (structured outputs): the vocabulary's token bytes and the compiled-grammar
@@ -176,14 +178,15 @@ void        finish_seq(struct conductor *c, struct seq *s, enum finish_reason wh
                        size_t text_len);
 /* conductor_sample.c */
 int32_t     take_token(struct conductor *c, struct seq *s, const float *row, int32_t greedy_id);
-/* Whether s's next token may be drawn from its row's top c->top_k candidates alone
- * (sampler_top_exact: the very token sampler_sample would draw from the whole row) with nothing
- * else read from the row: no logit bias, banned ids (min_tokens), constraint or log-probabilities,
- * one sample. */
+/* Whether s's next token may be drawn from its row's top c->top_k candidates (sampler_top_exact),
+ * or from them and the row's mass (sampler_nucleus_fits), as the very token sampler_sample would
+ * draw from the whole row, with nothing else read from the row: no logit bias, banned ids
+ * (min_tokens), constraint or log-probabilities, one sample. */
 int         top_eligible(const struct conductor *c, const struct seq *s);
 /* take_token for a top_eligible s whose step brought top candidates: its token drawn from the
- * candidates of logits row lrow (c->top_values / c->top_ids, sampler_sample_top), then taken
- * (take_chosen). */
+ * candidates of logits row lrow (c->top_values / c->top_ids, sampler_sample_top, or
+ * sampler_sample_nucleus with c->top_mass), then taken (take_chosen); where the candidates cannot
+ * decide it, from the whole row fetched from the device (model_logits_row) by take_token. */
 int32_t     take_top(struct conductor *c, struct seq *s, int lrow);
 /* take_token's sampling without the taking: the token s draws from row (every sampling control and
  * its constraint), or -1 when s finished instead (logits not finite, scoring only, the constraint

@@ -107,6 +107,7 @@ enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logit
             fb.top_k = c->top_k;
             fb.top_values = c->top_values;
             fb.top_ids = c->top_ids;
+            if (c->step_mass) fb.top_inv_temp = c->top_inv_temp, fb.top_mass = c->top_mass;
             fb.greedy_done = &c->greedy_done;
         } else if (greedy) {
             fb.greedy_ids = c->greedy_ids;

@@ -105,7 +105,8 @@ int32_t sample_token(struct conductor *c, struct seq *s, const float *row)
 int top_eligible(const struct conductor *c, const struct seq *s)
 {
     const struct request *r = s->req;
-    return sampler_top_exact(&r->p.sampling, c->top_k) && r->p.n_logit_bias == 0 &&
+    return (sampler_top_exact(&r->p.sampling, c->top_k) || sampler_nucleus_fits(&r->p.sampling)) &&
+           r->p.n_logit_bias == 0 &&
            s->n_generated >= r->p.min_tokens && !r->grammar && r->p.logprobs < 0 && r->p.n == 1 && r->p.max_tokens > 0;
 }
 
@@ -113,8 +114,26 @@ int32_t take_top(struct conductor *c, struct seq *s, int lrow)
 {
     const size_t K = (size_t)c->top_k;
     struct sampling_params sp = s->req->p.sampling;
-    const int32_t tok = sampler_sample_top(&c->top_smp, &sp, &s->rng, c->top_values + (size_t)lrow * K,
-                                           c->top_ids + (size_t)lrow * K, c->top_k, c->top_lg, c->top_tok);
+    const float *values = c->top_values + (size_t)lrow * K;
+    const int32_t *ids = c->top_ids + (size_t)lrow * K;
+    const int32_t tok = sampler_top_exact(&sp, c->top_k)
+                            ? sampler_sample_top(&c->top_smp, &sp, &s->rng, values, ids, c->top_k, c->top_lg, c->top_tok)
+                            : sampler_sample_nucleus(&sp, &s->rng, values, ids, c->top_k, c->top_mass[lrow], c->top_lg);
+    if (tok < 0) { /* the candidates could not decide it: the whole row, still on the device */
+        const size_t V = (size_t)c->m->cfg.vocab_size;
+        float *row = c->logits + (size_t)lrow * V;
+        const enum status st = model_logits_row(c->m, lrow, row);
+        if (st != STATUS_OK) {
+            finish_seq(c, s, FINISH_REASON_ERROR, st, status_message(), 0);
+            return -1;
+        }
+        if (!c->top_fetched) {
+            c->top_fetched = 1;
+            LOG_INFO(MODULE, "a sampled row's nucleus reached past the device's top %d logits: its whole row "
+                             "was fetched", c->top_k);
+        }
+        return take_token(c, s, row, -1);
+    }
     if (!c->top_used) {
         c->top_used = 1;
         LOG_INFO(MODULE, "a sampled row drew from the device's top %d logits (not the whole row)", c->top_k);

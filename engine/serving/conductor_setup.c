@@ -182,8 +182,10 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->top_ids = malloc((size_t)c->max_logits * (size_t)c->top_k * sizeof *c->top_ids);
     c->top_lg = malloc((size_t)c->top_k * sizeof *c->top_lg);
     c->top_tok = malloc((size_t)c->top_k * sizeof *c->top_tok);
+    c->top_inv_temp = malloc((size_t)c->max_logits * sizeof *c->top_inv_temp);
+    c->top_mass = malloc((size_t)c->max_logits * sizeof *c->top_mass);
     if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows || !c->greedy_ids || !c->gmask || !c->top_values ||
-        !c->top_ids || !c->top_lg || !c->top_tok) {
+        !c->top_ids || !c->top_lg || !c->top_tok || !c->top_inv_temp || !c->top_mass) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
         goto fail;
     }
@@ -248,6 +250,8 @@ void conductor_free(struct conductor *c)
     free(c->top_ids);
     free(c->top_lg);
     free(c->top_tok);
+    free(c->top_inv_temp);
+    free(c->top_mass);
     free(c->gmask);
     verify_free(c);
     grammar_cache_free(c->gcache);

@@ -348,6 +348,57 @@ int32_t sampler_sample_top(struct sampler *s, const struct sampling_params *p, s
     return tok[sampler_sample(s, p, r, lg, NULL, 0, NULL, 0)];
 }
 
+int sampler_nucleus_fits(const struct sampling_params *p)
+{
+    return p->temperature > 0.0f && p->top_k == 0 && (p->top_p < 1.0f || p->min_p > 0.0f) &&
+           p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f;
+}
+
+/* candidates() over the whole row, read from the k: top_p's cut at the first sorted token whose
+ * cumulative weight over the row's mass reaches top_p (decided only where every mass within the
+ * tolerance puts it there), or min_p alone keeping the weights >= min_p (decided when the k-th is
+ * below it: every token outside is lower); then min_p over the kept, and the draw over them in
+ * sorted order, as sampler_sample's. */
+int32_t sampler_sample_nucleus(const struct sampling_params *p, struct rng *r, const float *values,
+                               const int32_t *ids, int k, double mass, float *w)
+{
+    const float top = values[0], floor_logit = top + p->temperature * -27.631021f;
+    int n = 0; /* candidates within the floor */
+    while (n < k && values[n] >= floor_logit) {
+        w[n] = sampler_exp((values[n] - top) / p->temperature);
+        n++;
+    }
+    int keep = 0;
+    if (p->top_p < 1.0f) {
+        const double lo = mass * (1.0 - SAMPLER_MASS_TOL), hi = mass * (1.0 + SAMPLER_MASS_TOL);
+        double cum = 0.0;
+        for (int i = 0; i < n && !keep; i++) {
+            cum += w[i];
+            if (cum / hi >= p->top_p) keep = i + 1; /* reached for any mass up to hi */
+            else if (cum / lo >= p->top_p) return -1; /* reached for some masses, not others */
+        }
+        if (!keep) return -1; /* the nucleus reaches past the k */
+    } else {
+        if (n == k && k > 0 && w[k - 1] >= p->min_p) return -1; /* tokens outside may pass min_p */
+        keep = n;
+    }
+    if (p->min_p > 0.0f) { /* w[0] is 1, the largest */
+        const float cut = p->min_p * w[0];
+        int m = 1;
+        while (m < keep && w[m] >= cut) m++;
+        keep = m;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < keep; i++) sum += w[i];
+    const double u = (double)rng_uniform(r) * sum;
+    double cum = 0.0;
+    for (int i = 0; i < keep; i++) {
+        cum += w[i];
+        if (u < cum) return ids[i];
+    }
+    return ids[keep - 1];
+}
+
 void sampler_probs(struct sampler *s, const struct sampling_params *p, float *logits, const int32_t *prompt,
                    int n_prompt, const int32_t *output, int n_output, float *out)
 {

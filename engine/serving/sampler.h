@@ -71,6 +71,20 @@ int         sampler_top_exact(const struct sampling_params *p, int k);
 int32_t     sampler_sample_top(struct sampler *s, const struct sampling_params *p, struct rng *r,
                                const float *values, const int32_t *ids, int k, float *lg, int32_t *tok);
 
+/* Whether sampler_sample_nucleus may draw sampler_sample's token from a row's k largest logits and
+ * the mass of its weights: temperature > 0, top_k 0, top_p < 1 or min_p > 0, no penalty. */
+int         sampler_nucleus_fits(const struct sampling_params *p);
+/* The relative error the mass given to sampler_sample_nucleus may have against the host's sum. */
+#define SAMPLER_MASS_TOL 1e-4
+/* sampler_sample's token for a row of which its k largest logits are known (values descending
+ * with their ids, op_topk's order) and mass, the sum of exp((x - max) / T) over the row's tokens
+ * within the sampler's floor (op_logit_mass), within SAMPLER_MASS_TOL of the host's sum. Returns
+ * the token when the candidates decide it for any mass within that tolerance (top_p's cut inside
+ * the k and not within the tolerance of top_p; min_p's set inside the k), drawing one number from
+ * r as sampler_sample does; else -1, having drawn nothing (the caller samples the whole row). */
+int32_t     sampler_sample_nucleus(const struct sampling_params *p, struct rng *r, const float *values,
+                                   const int32_t *ids, int k, double mass, float *w);
+
 /* The distribution sampler_sample draws from, dense into out (vocab_size; 0 outside the tokens
  * the filters keep, one-hot on the argmax when greedy), under the same parameters; logits are
  * modified as there. Draws nothing. Speculative decoding with a draft model compares the

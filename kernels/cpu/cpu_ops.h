@@ -148,6 +148,8 @@ void cpu_gated_activation(struct backend *b, const struct tensor *out, const str
 void cpu_softmax(struct backend *b, const struct tensor *out, const struct tensor *x);
 void cpu_log_softmax(struct backend *b, const struct tensor *out, const struct tensor *x);
 void cpu_argmax(struct backend *b, const struct tensor *ids, const struct tensor *x);
+void cpu_logit_mass(struct backend *b, const struct tensor *mass, const struct tensor *x,
+                    const struct tensor *inv_temp);
 void cpu_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
               const struct tensor *x);
 

@@ -186,6 +186,7 @@ static const struct backend_ops cuda_backend_ops = {
     .log_softmax = cuda_log_softmax,
     .argmax = cuda_argmax,
     .topk = cuda_topk,
+    .logit_mass = cuda_logit_mass,
     .attention_train = cuda_attention_train,
     .attention_train_backward = cuda_attention_train_backward,
     .attention_sinks_backward = cuda_attention_sinks_backward,

@@ -59,6 +59,8 @@ void cuda_gated_activation(struct backend *b, const struct tensor *out, const st
 void cuda_softmax(struct backend *b, const struct tensor *out, const struct tensor *x);
 void cuda_log_softmax(struct backend *b, const struct tensor *out, const struct tensor *x);
 void cuda_argmax(struct backend *b, const struct tensor *ids, const struct tensor *x);
+void cuda_logit_mass(struct backend *b, const struct tensor *mass, const struct tensor *x,
+                     const struct tensor *inv_temp);
 void cuda_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
                const struct tensor *x);
 

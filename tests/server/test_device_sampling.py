@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Sampled rows drawn from the device's top candidates (forward_batch.top_k; the default on CUDA,
-forced on the CPU here by SHARDLM_DEVICE_SAMPLING=1): a sampled request with 1 <= top_k < 64 and
-no penalty, logit bias, banned ids, constraint or log-probabilities takes its token from its row's
-64 largest logits alone, and must take the very token the host's sampler takes from the whole row.
-A server with the path and one without get the same requests (seeded; llama.cpp's defaults top_k
-40 / top_p 0.95 / min_p 0.05, a low temperature whose candidates within the sampler's floor are
-fewer than top_k, top_k 63; beside them rows that must take the whole row: top_k 64, top_p alone,
+forced on the CPU here by SHARDLM_DEVICE_SAMPLING=1): a sampled request with no penalty, logit
+bias, banned ids, constraint or log-probabilities takes its token from its row's 64 largest logits
+(1 <= top_k < 64), or from them and the row's mass (top_p and / or min_p without top_k; the whole
+row fetched where they cannot decide), and must take the very token the host's sampler takes from
+the whole row. A server with the path and one without get the same requests (seeded; llama.cpp's
+defaults top_k 40 / top_p 0.95 / min_p 0.05, a low temperature, top_k 63, top_p alone, min_p
+alone, a nucleus wider than 64 tokens; beside them rows that take the whole row: top_k 64,
 penalties, logprobs; greedy rows), one at a time and all at once in mixed steps; every output must
-be equal, and the forced server's log must say that a row drew from the top candidates (the
-plain server's must not). At one rank and at tp 2 (mpirun; skipped without it).
+be equal, and the forced server's log must say that a row drew from the top candidates and that
+one was fetched whole (the plain server's neither). At one rank and at tp 2 (mpirun; skipped
+without it), and SmolLM2 (a 49,152-token vocabulary).
 
   test_device_sampling.py --shardlm BUILD/cli/shardlm --model DIR [--gguf SMOLLM2.gguf]
 SKIP (77) without the model or the Python client.
@@ -28,6 +30,7 @@ from checks import Checks  # noqa: E402
 
 check = Checks()
 SAID = "drew from the device's top 64 logits"
+FETCHED = "nucleus reached past the device's top 64 logits"
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "One day, a girl named Sue",
            "Tom found a box", "The cat sat on"]
@@ -39,7 +42,10 @@ CASES = [("top_k 40", dict(temperature=0.9, top_k=40), True),
          ("fewer within the floor", dict(temperature=0.3, top_k=60), True),
          ("top_k 63", dict(temperature=1.0, top_k=63, top_p=0.9), True),
          ("top_k 64", dict(temperature=1.0, top_k=64), False),
-         ("top_p alone", dict(temperature=0.8, top_p=0.9), False),
+         ("top_p alone", dict(temperature=0.8, top_p=0.9), True),
+         ("min_p alone", dict(temperature=0.9, min_p=0.1), True),
+         ("top_p and min_p", dict(temperature=1.0, top_p=0.95, min_p=0.05), True),
+         ("a nucleus past the 64", dict(temperature=1.5, top_p=0.999), True),
          ("penalised", dict(temperature=0.8, top_k=40, presence_penalty=0.5), False),
          ("logprobs", dict(temperature=0.8, top_k=40, logprobs=2), False),
          ("greedy", dict(temperature=0), False)]
@@ -70,7 +76,8 @@ def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True)
                        launcher=launcher) as srv:
             runs[forced] = [run(srv, max_tokens, False)] + ([run(srv, max_tokens, True)] if parallel else [])
             log = srv.log_path
-        said[forced] = SAID in Path(log).read_text(errors="replace")
+        text = Path(log).read_text(errors="replace")
+        said[forced] = (SAID in text, FETCHED in text)
     for k, what in enumerate(["one at a time", "all at once"][:len(runs[True])]):
         plain, top = runs[False][k], runs[True][k]
         for case, _, served in CASES:
@@ -82,8 +89,9 @@ def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True)
                 print(f"  {diff[0]!r}:\n    rows: {plain[(case, diff[0])]!r}\n    top:  {top[(case, diff[0])]!r}")
         distinct = len({runs[True][k][(CASES[0][0], p)] for p in PROMPTS})
         check(distinct > 1, f"{name}: sampled outputs differ between prompts ({distinct} distinct), {what}")
-    check(said[True] and not said[False], f"{name}: the forced server's log says a sampled row drew from the top "
-                                          f"candidates ({said[True]}), the plain server's does not ({said[False]})")
+    check(said[True] == (True, True) and said[False] == (False, False),
+          f"{name}: the forced server's log says a sampled row drew from the top candidates and one's row was "
+          f"fetched whole ({said[True]}), the plain server's neither ({said[False]})")
 
 
 def main():
