@@ -172,9 +172,13 @@ run_bench() {
     echo "without greedy sampling on the device (SHARDLM_DEVICE_SAMPLING=0):" >> "$log"
     step "bench_engine llama1b cuda, host sampling" 60 "$log" env SHARDLM_DEVICE_SAMPLING=0 \
       "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1,64 --prompt 32 --tokens 64
-    echo "sampled requests (temperature 0.8, top_p 0.95: the logits downloaded, sampled on the host):" >> "$log"
+    echo "sampled requests (temperature 0.8, top_p 0.95: each row's top 64 logits and its mass downloaded, the row where they cannot decide):" >> "$log"
     step "bench_engine llama1b cuda, sampled" 60 "$log" "$B/build/tests/bench_engine" --device cuda --model "$m" \
       --concurrency 1,64 --prompt 32 --tokens 64 --temperature 0.8 --top-p 0.95
+    echo "the same with every row downloaded (SHARDLM_DEVICE_SAMPLING=0):" >> "$log"
+    step "bench_engine llama1b cuda, sampled, rows downloaded" 60 "$log" env SHARDLM_DEVICE_SAMPLING=0 \
+      "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1,64 --prompt 32 --tokens 64 \
+      --temperature 0.8 --top-p 0.95
     echo "sampled requests with top_k 40 (temperature 0.8, top_p 0.95: each row's top 64 logits downloaded):" >> "$log"
     step "bench_engine llama1b cuda, sampled top_k 40" 60 "$log" "$B/build/tests/bench_engine" --device cuda --model "$m" \
       --concurrency 1,64 --prompt 32 --tokens 64 --temperature 0.8 --top-p 0.95 --top-k 40
