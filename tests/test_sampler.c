@@ -189,6 +189,16 @@ static int top_desc(const void *a, const void *b)
     return i < j ? -1 : 1;
 }
 
+/* The row's TOP_K largest as op_topk gives them (values descending, ties by lower id); order
+ * (TOP_V) is left holding the whole row's ranking. */
+static void top_of(const float *row, int32_t *order, float *vals, int32_t *ids)
+{
+    for (int i = 0; i < TOP_V; i++) order[i] = i;
+    top_key = row;
+    qsort(order, TOP_V, sizeof *order, top_desc);
+    for (int i = 0; i < TOP_K; i++) ids[i] = order[i], vals[i] = row[order[i]];
+}
+
 static void check_top(void)
 {
     static float row[TOP_V], work[TOP_V], vals[TOP_K], lg[TOP_K];
@@ -211,10 +221,7 @@ static void check_top(void)
             }
             if (kind == 1) /* ... a handful of near-equal tokens at scattered ids */
                 for (int i = 0; i < 6; i++) row[(i * 397 + (int)seed * 31) % TOP_V] = 0.4f * rng_uniform(&g);
-            for (int i = 0; i < TOP_V; i++) order[i] = i;
-            top_key = row;
-            qsort(order, TOP_V, sizeof *order, top_desc);
-            for (int i = 0; i < TOP_K; i++) ids[i] = order[i], vals[i] = row[order[i]];
+            top_of(row, order, vals, ids);
             for (size_t a = 0; a < sizeof temps / sizeof *temps; a++)
                 for (size_t b = 0; b < sizeof top_ks / sizeof *top_ks; b++)
                     for (size_t c = 0; c < sizeof top_ps / sizeof *top_ps; c++)
@@ -283,10 +290,7 @@ static void check_nucleus(void)
                 row[i] = kind == 0 ? 2.0f * u : -6.0f - 6.0f * u;
             }
             for (int i = 0; kind > 0 && i < 8 * kind; i++) row[(i * 131 + (int)seed * 17) % TOP_V] = 3.0f * rng_uniform(&g);
-            for (int i = 0; i < TOP_V; i++) order[i] = i;
-            top_key = row;
-            qsort(order, TOP_V, sizeof *order, top_desc);
-            for (int i = 0; i < TOP_K; i++) ids[i] = order[i], vals[i] = row[order[i]];
+            top_of(row, order, vals, ids);
             for (size_t a = 0; a < sizeof temps / sizeof *temps; a++)
                 for (size_t c = 0; c < sizeof top_ps / sizeof *top_ps; c++)
                     for (size_t e = 0; e < sizeof min_ps / sizeof *min_ps; e++) {
