@@ -124,8 +124,9 @@ run_tests() {
     "$B/build/tests/test_model" cuda "$B/build/golden" gpt_oss
   step "memcheck test_model phi3_lora" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$B/build/tests/test_model" cuda "$B/build/golden" phi3_lora
-  local f # the decode-step kernels of 2026-12-04 (gemv, vector rmsnorm and argmax, rope over heads)
-  for f in "matmul bf16" "matmul f16" rmsnorm argmax rope; do
+  local f # the decode-step kernels of 2026-12-04 (gemv, vector rmsnorm and argmax, rope over heads);
+  # logit_mass (sampled rows' top candidates, written after it)
+  for f in "matmul bf16" "matmul f16" rmsnorm argmax rope logit_mass; do
     step "memcheck test_ops ($f)" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$B/build/tests/test_ops" --backend cuda --filter "$f"
   done
@@ -136,6 +137,8 @@ run_tests() {
     --filter "bf16 packed gqa4"
   step "racecheck test_ops (rmsnorm)" 60 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$B/build/tests/test_ops" --backend cuda --filter rmsnorm
+  step "racecheck test_ops (logit_mass)" 60 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
+    "$B/build/tests/test_ops" --backend cuda --filter logit_mass
   step "racecheck test_ops (attention)" 90 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$B/build/tests/test_ops" --backend cuda --filter attention
   unset SHARDLM_SYNC_CHECK
