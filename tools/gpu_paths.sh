@@ -3,7 +3,8 @@
 # no gpu-labelled test covers, run once on DEVICE (default cuda) by tools/gpu_check.sh:
 #   speculative decoding (ngram, a draft model, an EAGLE head trained on DEVICE): greedy text the
 #   same as without speculation; LoRA and EAGLE-head training on DEVICE: the first step's loss
-#   against the CPU's; the HTTP front on DEVICE: /v1/completions greedy, sampled and streamed.
+#   against the CPU's; the HTTP front on DEVICE: /v1/completions greedy, sampled and streamed, and
+#   sampled rows drawn from the device's top 64 logits equal to a server's that downloads the rows.
 # One line per check, PASS or FAIL (with what was seen); exit status 1 when any check failed.
 # DEVICE=cpu runs the same checks on the build machine (the script's own test).
 set -u
@@ -62,25 +63,32 @@ if [ -f "$head" ]; then
   check $? "speculative eagle (the head trained on $DEV) on $DEV: the same greedy text ($(grep -o '[0-9]* drafts verified, [0-9]* accepted' "$W/eagle.err"))"
 fi
 
-# The HTTP front on DEVICE.
+# The HTTP front on DEVICE; beside it a server that downloads every sampled row
+# (SHARDLM_DEVICE_SAMPLING=0), whose seeded sampled answers must equal the first's, which draws
+# them from each row's top 64 logits (and the row's mass) on the device (=1, the default on CUDA).
 port=$((18000 + RANDOM % 2000))
-"$S" serve --model "$M" --device "$DEV" --listen "127.0.0.1:$((port + 2000))" --http "127.0.0.1:$port" \
-  > "$W/serve.log" 2>&1 &
+SHARDLM_DEVICE_SAMPLING=1 SHARDLM_LOG=info "$S" serve --model "$M" --device "$DEV" --listen "127.0.0.1:$((port + 2000))" \
+  --http "127.0.0.1:$port" > "$W/serve.log" 2>&1 &
 pid=$!
-python3 - "$port" << 'EOF'
+SHARDLM_DEVICE_SAMPLING=0 "$S" serve --model "$M" --device "$DEV" --listen "127.0.0.1:$((port + 2001))" \
+  --http "127.0.0.1:$((port + 1))" > "$W/serve-rows.log" 2>&1 &
+pid_rows=$!
+python3 - "$port" "$W/serve.log" << 'EOF'
 import json, sys, time, urllib.request
 port = int(sys.argv[1])
 base = "http://127.0.0.1:%d" % port
-def post(body):
-    req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(),
+def post(body, at=base):
+    req = urllib.request.Request(at + "/v1/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     return urllib.request.urlopen(req, timeout=60).read().decode()
-for _ in range(300):  # up (503 while the model loads): one token answered
-    try:
-        post({"prompt": "Once", "max_tokens": 1})
-        break
-    except Exception:
-        time.sleep(0.2)
+rows = "http://127.0.0.1:%d" % (port + 1)
+for at in (base, rows):
+    for _ in range(300):  # up (503 while the model loads): one token answered
+        try:
+            post({"prompt": "Once", "max_tokens": 1}, at)
+            break
+        except Exception:
+            time.sleep(0.2)
 fails = 0
 def check(ok, msg):
     global fails
@@ -99,13 +107,24 @@ try:
     parts = [json.loads(l[6:]) for l in raw.splitlines() if l.startswith("data: {")]
     st = "".join(p["choices"][0]["text"] for p in parts if p.get("choices"))
     check(st == t and "data: [DONE]" in raw, "HTTP streamed greedy = unstreamed (%d events)" % len(parts))
+    same = total = 0
+    for kw in ({"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}, {"top_p": 0.9, "temperature": 0.8},
+               {"min_p": 0.1, "temperature": 0.9}, {"top_p": 0.999, "temperature": 1.5}):
+        for seed in range(4):
+            body = dict(kw, prompt="Once upon a time", max_tokens=48, seed=seed)
+            a, b = (json.loads(post(body, at))["choices"][0]["text"] for at in (base, rows))
+            same, total = same + (a == b), total + 1
+    drew = "drew from the device's top" in open(sys.argv[2]).read()
+    check(same == total and drew, "HTTP sampled from the top 64 logits on the device = every row downloaded: %d of %d "
+          "equal (top_k 40, top_p alone, min_p alone, a wide nucleus); the log says a row drew from them: %s"
+          % (same, total, drew))
 except Exception as e:
     check(False, "HTTP front: %r" % e)
 sys.exit(1 if fails else 0)
 EOF
 rc=$?
-kill -TERM $pid 2> /dev/null
-wait $pid 2> /dev/null
+kill -TERM $pid $pid_rows 2> /dev/null
+wait $pid $pid_rows 2> /dev/null
 [ $rc = 0 ] || { fails=$((fails + 1)); tail -5 "$W/serve.log"; }
 # Every command's output, for the record (GPU_PATHS_LOG: a file under gpu_check.sh's $OUT).
 [ -n "${GPU_PATHS_LOG:-}" ] && for f in "$W"/*.log "$W"/*.err; do echo "==== $f"; tail -c 6000 "$f"; done > "$GPU_PATHS_LOG"
