@@ -11,8 +11,9 @@
 #   4. a stopped rank (SIGSTOP) and a killed one (SIGKILL): the job ends within the timeout
 #      with the rank named, and the last checkpoint on disk loads;
 #   5. layouts that cannot run: a message, exit 1;
-#   6. LoRA at tp 2, dp 2 and dp 2 x tp 2 with sequence parallelism (and with --lora-dropout):
-#      losses as one rank's, the gathered PEFT file's tensors within 1e-4.
+#   6. LoRA at tp 2, dp 2, pp 2 (1F1B: two micro-batches in flight on stage 0), dp 2 x tp 2 with
+#      sequence parallelism and tp 2 x pp 2 (both with --lora-dropout too): losses as one
+#      rank's, the gathered PEFT file's tensors within 1e-4.
 # With DEVICE=cuda (the `gpu` test): the layouts of 1 without recomputation on GPUs, NCCL between
 # ranks (one GPU per rank: SKIP with fewer than 4, unless SHARDLM_SHARE_GPU=1 puts every rank on
 # GPU 0), losses and weights within 1e-4.
@@ -153,7 +154,8 @@ run lora_one 1 "$GOLDEN/stories260K" 10 "${LORA[@]}" && run lora_drop_one 1 "$GO
 check "LoRA at one rank, without and with dropout (references)" $?
 SP_MLP="--tp 2 --sequence-parallel --recompute-granularity selective --recompute-modules mlp,layernorm"
 for target in "lora_one|2|--tp 2|lora_tp2" "lora_one|2||lora_dp2" "lora_one|4|$SP_MLP|lora_dp2tp2_sp" \
-              "lora_drop_one|4|$SP_MLP --lora-dropout 0.1|lora_drop_dp2tp2_sp"; do
+              "lora_drop_one|4|$SP_MLP --lora-dropout 0.1|lora_drop_dp2tp2_sp" "lora_one|2|--pp 2|lora_pp2" \
+              "lora_drop_one|4|--tp 2 --pp 2 --lora-dropout 0.1|lora_drop_tp2pp2"; do
   ref=${target%%|*}
   rest=${target#*|}
   n=${rest%%|*}

@@ -329,11 +329,10 @@ enum status lora_reserve(struct lora *l, struct backend *b, int max_tokens, enum
     if (l->act_mem && max_tokens <= l->max_tokens && act == l->c.dtype) return STATUS_OK;
     backend_free(b, l->act_mem);
     l->act_mem = NULL;
-    int64_t widest = 0, widest_in = 0, n_sites = 0;
+    int64_t widest = 0, widest_in = 0;
     for (int i = 0; i < l->n_layers; i++)
         for (int t = 0; t < LORA_TARGET_COUNT; t++)
             if (l->sites[i][t].b.data) {
-                n_sites++;
                 if (l->sites[i][t].b.shape[0] > widest) widest = l->sites[i][t].b.shape[0];
                 if (l->sites[i][t].a.shape[1] > widest_in) widest_in = l->sites[i][t].a.shape[1];
             }
@@ -345,15 +344,11 @@ enum status lora_reserve(struct lora *l, struct backend *b, int max_tokens, enum
     const size_t z_bytes = ((size_t)T * (size_t)widest * 4 + 255) / 256 * 256;
     const size_t x_bytes = ((size_t)in_rows * (size_t)widest_in * 4 + 255) / 256 * 256;
     const size_t c_bytes = ((size_t)c_rows * (size_t)c_cols * dtype_size(act) + 255) / 256 * 256;
-    enum status st = backend_alloc(b, (size_t)(n_sites + 1) * u_bytes + z_bytes + 2 * x_bytes + c_bytes, &l->act_mem);
+    enum status st = backend_alloc(b, 2 * u_bytes + z_bytes + 2 * x_bytes + c_bytes, &l->act_mem);
     if (st != STATUS_OK) return st;
     char *p = l->act_mem;
-    for (int i = 0; i < l->n_layers; i++)
-        for (int t = 0; t < LORA_TARGET_COUNT; t++)
-            if (l->sites[i][t].b.data) {
-                l->sites[i][t].u = tensor_make(p, DTYPE_F32, b->device, 2, T, (int64_t)l->rank);
-                p += u_bytes;
-            }
+    l->u = tensor_make(p, DTYPE_F32, b->device, 2, T, (int64_t)l->rank);
+    p += u_bytes;
     l->du = tensor_make(p, DTYPE_F32, b->device, 2, T, (int64_t)l->rank);
     p += u_bytes;
     l->z = tensor_make(p, DTYPE_F32, b->device, 2, T, widest);
@@ -415,6 +410,14 @@ static void add_f32(struct lora *l, struct backend *b, const struct tensor *y, c
     op_add(b, y, y, &c);
 }
 
+/* u = s x' A^T (T, r): the forward's, and its backward's again from the same x'. */
+static void low_rank(const struct lora *l, struct backend *b, const struct lora_site *s, const struct tensor *u,
+                     const struct tensor *xa)
+{
+    op_matmul(b, u, xa, &s->a, NULL);
+    op_scale(b, u, u, l->scale);
+}
+
 void lora_forward(struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *y,
                   const struct tensor *x)
 {
@@ -423,10 +426,9 @@ void lora_forward(struct lora *l, struct backend *b, int layer, enum lora_target
     const int64_t T = x->shape[0];
     CHECK(T <= l->max_tokens, "LoRA: %lld rows exceed the reservation of %d", (long long)T, l->max_tokens);
     struct tensor xa = adapter_input(l, b, layer, t, x);
-    struct tensor u = tensor_first_rows(&s->u, T), z = tensor_view2(&l->z, T, s->b.shape[0]);
-    op_matmul(b, &u, &xa, &s->a, NULL); /* u = x' A^T (T, r) */
-    op_scale(b, &u, &u, l->scale);      /* u = s x' A^T, kept: the backward reads it */
-    op_matmul(b, &z, &u, &s->b, NULL);  /* z = u B^T (T, out) */
+    struct tensor u = tensor_first_rows(&l->u, T), z = tensor_view2(&l->z, T, s->b.shape[0]);
+    low_rank(l, b, s, &u, &xa);
+    op_matmul(b, &z, &u, &s->b, NULL); /* z = u B^T (T, out) */
     add_f32(l, b, y, &z);
 }
 
@@ -436,7 +438,9 @@ void lora_backward(struct lora *l, struct backend *b, int layer, enum lora_targe
     struct lora_site *s = &l->sites[layer][t];
     if (!s->a.data) return;
     const int64_t T = x->shape[0];
-    struct tensor u = tensor_first_rows(&s->u, T), du = tensor_first_rows(&l->du, T), dy32 = *dy;
+    struct tensor u = tensor_first_rows(&l->u, T), du = tensor_first_rows(&l->du, T), dy32 = *dy;
+    struct tensor xa = adapter_input(l, b, layer, t, x); /* x' again: the same mask */
+    low_rank(l, b, s, &u, &xa);
     if (dy->dtype != DTYPE_F32) { /* z is free in the backward */
         dy32 = tensor_view2(&l->z, T, s->b.shape[0]);
         op_cast(b, &dy32, dy);
@@ -447,7 +451,6 @@ void lora_backward(struct lora *l, struct backend *b, int layer, enum lora_targe
         op_matmul_backward(b, dx, &s->da, NULL, &du, x, &s->a, 1); /* dA += du^T x; dx += du A */
         return;
     }
-    struct tensor xa = adapter_input(l, b, layer, t, x); /* x' again: the same mask */
     struct tensor xt = tensor_view2(&l->xt, T, x->shape[1]);
     op_matmul_backward(b, &xt, &s->da, NULL, &du, &xa, &s->a, 0); /* dA += du^T x'; xt = du A */
     if (l->dropout_on) op_dropout(b, &xt, &xt, site_key(l, layer, t), s->col0, l->dropout);

@@ -68,7 +68,6 @@ enum status lora_parse_targets(const char *text, unsigned *mask);
 struct lora_site {
     struct tensor a, b;       /* (rank, in), (out, rank); f32; data NULL when not a target */
     struct tensor da, db;     /* their gradients, accumulated */
-    struct tensor u;          /* (max_tokens, rank): s x A^T of the last training forward */
     int64_t col0;             /* A's first column in the whole A (row-parallel targets under tp) */
 };
 
@@ -84,7 +83,9 @@ struct lora {
     void    *act_mem;          /* u and the scratch below, sized by lora_reserve */
     int      max_tokens;
     struct tensor z;           /* (max_tokens, largest out): the low-rank product */
-    struct tensor du;          /* (max_tokens, rank) */
+    struct tensor u, du;       /* (max_tokens, rank): s x' A^T (a forward's, made again by its
+                                * backward: with pipeline stages several micro-batches are in flight
+                                * between the two), and its gradient */
     struct tensor xs, xt;      /* (max_tokens, largest in), f32: the adapter's input cast and/or
                                   masked, and the gradient it sends back (data NULL when
                                   activations are f32 and there is no dropout) */
@@ -139,8 +140,9 @@ void lora_apply(const struct lora *l, struct backend *b, int layer, enum lora_ta
 
 /* The forward and backward of one target of local layer `layer` (model_train.c calls them
  * after the base projection): y (T, out) += s (x' A^T) B^T with x' = drop(x) (x without
- * dropout), keeping u; and, with dy the gradient of y: dB += dy^T u, dA += s (dy B)^T x',
- * dx += drop(s (dy B) A) (the same mask). x, y, dx, dy share the activations' dtype (the one
+ * dropout); and, with dy the gradient of y: u = s x' A^T again (the same bits: nothing of the
+ * forward is kept, so any number of micro-batches may be in flight between the two, as under
+ * 1F1B), dB += dy^T u, dA += s (dy B)^T x', dx += drop(s (dy B) A) (the same mask). x, y, dx, dy share the activations' dtype (the one
  * lora_reserve was given). No-ops for a layer or target without an adapter. */
 void lora_forward(struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *y,
                   const struct tensor *x);

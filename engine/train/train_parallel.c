@@ -141,10 +141,12 @@ enum status train_ranks_attach(struct train_ranks *r, struct model_train *mt, st
     struct model *m = model_train_model(mt);
     r->b = m->b;
     TRY(backend_alloc_tensor(m->b, &r->sumsq, DTYPE_F32, 1, (int64_t[]){1}));
+    int embedding_trained = 0; /* (a LoRA run trains its adapters only) */
     for (size_t i = 0; i < gparams->n; i++) {
         struct param *p = &gparams->p[i];
         if (p->kind < 0) continue;
         const enum weight_kind k = (enum weight_kind)p->kind;
+        embedding_trained |= k == WEIGHT_KIND_TOK_EMBEDDING || k == WEIGHT_KIND_LM_HEAD;
         /* Whole on every tp rank: the Megatron files' replicated kinds, less those the ranks split
          * at load all the same (a mixture's experts, whole experts per rank; GPT-OSS's sinks, by
          * heads), whose norms each rank counts for its own part. */
@@ -165,7 +167,7 @@ enum status train_ranks_attach(struct train_ranks *r, struct model_train *mt, st
     }
     /* Tied embeddings split over stages: the first holds the lookup table, the last a copy as its
      * LM head (model_load.c); their gradients are summed on both, so the copies stay equal. */
-    if (r->pp > 1 && m->cfg.tied_embeddings && (m->pp_rank == 0 || model_is_last_stage(m))) {
+    if (r->pp > 1 && m->cfg.tied_embeddings && embedding_trained && (m->pp_rank == 0 || model_is_last_stage(m))) {
         const struct tensor *e = m->pp_rank == 0 ? &m->w.tok_embedding : &m->w.lm_head;
         TRY(backend_alloc(m->b, (size_t)tensor_numel(e) * sizeof(float), &r->tied_mem));
         r->tied_tmp = tensor_make(r->tied_mem, DTYPE_F32, m->b->device, 2, e->shape[0], e->shape[1]);

@@ -224,9 +224,6 @@ static enum status setup(struct trainer *t)
         (st = out_dir_clear_checkpoints(o->out_dir, o->resume_dir)) != STATUS_OK)
         return st;
     const int multi = t->ranks.world->size > 1;
-    if (multi && o->lora_rank > 0 && t->ranks.pp > 1)
-        return status_errorf(STATUS_UNSUPPORTED, "LoRA training at pp > 1 is not built (the adapters keep one saved "
-                             "product per layer, not one per micro-batch in flight); use tp and dp");
     if (multi && o->lora_rank > 0 && o->resume_dir)
         return status_errorf(STATUS_UNSUPPORTED, "resuming LoRA training on several ranks is not built (the state "
                              "file's moments are whole, not sliced on resume); resume on one rank");
