@@ -380,11 +380,8 @@ static int step_device_sampling(const struct conductor *c)
         const struct sampling_params *sp = &r->p.sampling;
         if (r->p.prompt_logprobs >= 0) return 0;
         if (!s->wants_sample) continue;
-        if (r->grammar) return 0;
-        if (sp->temperature != 0.0f || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
-            sp->frequency_penalty != 0.0f || r->p.n_logit_bias > 0 || s->n_generated < r->p.min_tokens ||
-            r->p.logprobs >= 0 || r->p.n > 1 || r->p.max_tokens == 0)
-            mode = top_eligible(c, s) ? 1 : 0;
+        if (!row_alone(s)) return 0;
+        if (sp->temperature != 0.0f || sampler_penalised(sp)) mode = top_eligible(c, s) ? 1 : 0;
     }
     return mode;
 }

@@ -183,6 +183,9 @@ int32_t     take_token(struct conductor *c, struct seq *s, const float *row, int
  * draw from the whole row, with nothing else read from the row: no logit bias, banned ids
  * (min_tokens), constraint or log-probabilities, one sample. */
 int         top_eligible(const struct conductor *c, const struct seq *s);
+/* Its part that is not the sampler's: nothing but the row's logits and the sampler decide s's
+ * token (no logit bias, banned ids, constraint or log-probabilities; one sample; a token wanted). */
+int         row_alone(const struct seq *s);
 /* take_token for a top_eligible s whose step brought top candidates: its token drawn from the
  * candidates of logits row lrow (c->top_values / c->top_ids, sampler_sample_top, or
  * sampler_sample_nucleus with c->top_mass), then taken (take_chosen); where the candidates cannot

@@ -102,12 +102,16 @@ int32_t sample_token(struct conductor *c, struct seq *s, const float *row)
                           s->n_generated);
 }
 
-int top_eligible(const struct conductor *c, const struct seq *s)
+int row_alone(const struct seq *s)
 {
     const struct request *r = s->req;
-    return (sampler_top_exact(&r->p.sampling, c->top_k) || sampler_nucleus_fits(&r->p.sampling)) &&
-           r->p.n_logit_bias == 0 &&
-           s->n_generated >= r->p.min_tokens && !r->grammar && r->p.logprobs < 0 && r->p.n == 1 && r->p.max_tokens > 0;
+    return r->p.n_logit_bias == 0 && s->n_generated >= r->p.min_tokens && !r->grammar && r->p.logprobs < 0 &&
+           r->p.n == 1 && r->p.max_tokens > 0;
+}
+
+int top_eligible(const struct conductor *c, const struct seq *s)
+{
+    return row_alone(s) && (sampler_top_exact(&s->req->p.sampling, c->top_k) || sampler_nucleus_fits(&s->req->p.sampling));
 }
 
 int32_t take_top(struct conductor *c, struct seq *s, int lrow)

@@ -327,10 +327,14 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
     return s->order[n - 1];
 }
 
+int sampler_penalised(const struct sampling_params *p)
+{
+    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+}
+
 int sampler_top_exact(const struct sampling_params *p, int k)
 {
-    return p->temperature > 0.0f && p->top_k >= 1 && p->top_k < k && p->repetition_penalty == 1.0f &&
-           p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f;
+    return p->temperature > 0.0f && p->top_k >= 1 && p->top_k < k && !sampler_penalised(p);
 }
 
 /* The k go into a row of their own in id order, so that the sampler meets them in the whole row's
@@ -350,8 +354,7 @@ int32_t sampler_sample_top(struct sampler *s, const struct sampling_params *p, s
 
 int sampler_nucleus_fits(const struct sampling_params *p)
 {
-    return p->temperature > 0.0f && p->top_k == 0 && (p->top_p < 1.0f || p->min_p > 0.0f) &&
-           p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f;
+    return p->temperature > 0.0f && p->top_k == 0 && (p->top_p < 1.0f || p->min_p > 0.0f) && !sampler_penalised(p);
 }
 
 /* candidates() over the whole row, read from the k: top_p's cut at the first sorted token whose

@@ -58,6 +58,8 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
                        float *logits, const int32_t *prompt, int n_prompt, const int32_t *output,
                        int n_output);
 
+/* Whether a penalty (repetition, presence, frequency) reads the request's tokens. */
+int         sampler_penalised(const struct sampling_params *p);
 /* Whether sampler_sample_top draws the very token sampler_sample draws from the whole row, for
  * every row, from the row's k largest logits: temperature > 0, 1 <= top_k < k, no penalty. (The
  * row's top_k most likely tokens are then among the k whatever else it holds, and every later
