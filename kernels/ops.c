@@ -538,3 +538,19 @@ void op_logit_mass(struct backend *b, const struct tensor *mass, const struct te
     b->ops->logit_mass(b, mass, x, inv_temp);
     after_op(b);
 }
+
+void op_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
+                   const struct tensor *x, const struct tensor *temp, const struct tensor *u)
+{
+    check_float(b, x, "logit_draw x");
+    check_i32(b, ids, "logit_draw ids");
+    check_on(b, margin, "logit_draw margin");
+    check_on(b, temp, "logit_draw temp");
+    check_on(b, u, "logit_draw u");
+    const int64_t n = tensor_rows(x);
+    CHECK(margin->dtype == DTYPE_F32 && temp->dtype == DTYPE_F32 && u->dtype == DTYPE_F32 &&
+              tensor_numel(ids) == n && tensor_numel(margin) == n && tensor_numel(temp) == n && tensor_numel(u) == n,
+          "logit_draw: ids %s margin %s temp %s u %s x %s", DESC(ids), DESC(margin), DESC(temp), DESC(u), DESC(x));
+    b->ops->logit_draw(b, ids, margin, x, temp, u);
+    after_op(b);
+}

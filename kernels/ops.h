@@ -226,6 +226,8 @@ struct backend_ops {
                  const struct tensor *x);
     void (*logit_mass)(struct backend *b, const struct tensor *mass, const struct tensor *x,
                        const struct tensor *inv_temp);
+    void (*logit_draw)(struct backend *b, const struct tensor *ids, const struct tensor *margin,
+                       const struct tensor *x, const struct tensor *temp, const struct tensor *u);
 
     /* training attention (kernels/cpu/attention_train.c, kernels/cuda/attention_train.cu) */
     void (*attention_train)(struct backend *b, const struct tensor *out, const struct tensor *lse,
@@ -607,6 +609,16 @@ void op_topk(struct backend *b, const struct tensor *values, const struct tensor
  * holding NaN or Inf give an unspecified value (the caller checks finiteness). */
 void op_logit_mass(struct backend *b, const struct tensor *mass, const struct tensor *x,
                    const struct tensor *inv_temp);
+
+/* Plain temperature sampling's draw, per row i of x (n, v) with temp[i] > 0 and u[i] in [0, 1)
+ * (f32 (n) each): with m the row's largest value and the sampler's weights w_j = e^((x_ij - m) /
+ * temp[i]) (0 where that exponent is at or below -87), ids i32 (n) = the first j whose cumulative
+ * weight in id order exceeds u[i] times the row's total (f64 sums), and margin f32 (n) = that
+ * target's distance to the nearer end of token j's interval, over the total (the caller's own
+ * sums may differ a little: engine/serving/sampler.c sampler_draw_decided); ids -1 and margin 0
+ * where temp[i] <= 0 or no token is reached. Rows holding NaN or Inf give unspecified values. */
+void op_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
+                   const struct tensor *x, const struct tensor *temp, const struct tensor *u);
 
 /* ---- training attention ------------------------------------------------------------------ */
 

@@ -1196,6 +1196,79 @@ static void case_logit_mass(struct suite *s, enum dtype dt, int rows, int v_len)
     case_end(s, name, &v);
 }
 
+/* op_logit_draw (plain temperature sampling's draw on the device). Row i of kind i % 4 with
+ * temperature t[i] and uniform u[i]: 0 N(0, 3); 1 around 1e4; 2 one token far above the rest (most
+ * draws land in it: wide margins); 3 t = 0 (no draw: id -1, margin 0). The reference walks the
+ * row in double (weights e^((x - m) / t), 0 at or below -87); where its target lies more than 2e-5
+ * of the total inside its token, the op's token must be the reference's and its margin within 1e-5
+ * (f32 weights against double ones); at least half the drawing rows must be such. */
+static void case_logit_draw(struct suite *s, enum dtype dt, int rows, int v_len)
+{
+    char name[96];
+    snprintf(name, sizeof name, "logit_draw %s rows=%d v=%d", dtype_name(dt), rows, v_len);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_make(s, dt, (size_t)rows * v_len);
+    float *t = case_alloc(s, (size_t)rows, sizeof(float)), *u = case_alloc(s, (size_t)rows, sizeof(float));
+    int32_t *want_id = case_alloc(s, (size_t)rows, sizeof(int32_t));
+    double *want_margin = case_alloc(s, (size_t)rows, sizeof(double));
+    for (int i = 0; i < rows; i++) {
+        t[i] = i % 4 == 3 ? 0.0f : (float)rng_range(&r, 0.3, 2.0);
+        u[i] = (float)rng_range(&r, 0.0, 1.0);
+        for (int j = 0; j < v_len; j++) {
+            double val = i % 4 == 1 ? 1e4 + 3.0 * rng_normal(&r) : 3.0 * rng_normal(&r);
+            if (i % 4 == 2 && j == v_len / 3) val = 14.0;
+            hbuf_set(&x, (size_t)i * v_len + j, val);
+        }
+        const double *xr = x.val + (size_t)i * v_len;
+        double m = -INFINITY, total = 0.0, acc = 0.0;
+        for (int j = 0; j < v_len; j++) m = xr[j] > m ? xr[j] : m;
+        for (int j = 0; j < v_len; j++) total += (xr[j] - m) / t[i] > -87.0 ? exp((xr[j] - m) / t[i]) : 0.0;
+        want_id[i] = -1, want_margin[i] = 0.0;
+        const double target = (double)u[i] * total;
+        for (int j = 0; t[i] > 0.0f && j < v_len; j++) {
+            const double d = (xr[j] - m) / t[i], w = d > -87.0 ? exp(d) : 0.0, before = acc;
+            if (w == 0.0) continue;
+            acc += w;
+            if (target < acc) {
+                want_id[i] = j, want_margin[i] = fmin(target - before, acc - target) / total;
+                break;
+            }
+        }
+    }
+    struct verdict v = {.worst_ratio = -1.0};
+    int32_t *ids = case_alloc(s, (size_t)rows, sizeof(int32_t)), *got_d = case_alloc(s, (size_t)rows, sizeof(int32_t));
+    int32_t *want_d = case_alloc(s, (size_t)rows, sizeof(int32_t));
+    float *margin = case_alloc(s, (size_t)rows, sizeof(float));
+    double *gm = case_alloc(s, (size_t)rows, sizeof(double)), *wm = case_alloc(s, (size_t)rows, sizeof(double));
+    double *tol = case_alloc(s, (size_t)rows, sizeof(double));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = arena_in(&a, "x", dt, S2(rows, v_len), x.bits);
+        struct tensor tt = arena_in(&a, "temp", DTYPE_F32, S1(rows), t);
+        struct tensor tu = arena_in(&a, "u", DTYPE_F32, S1(rows), u);
+        struct tensor ti = arena_out(&a, "ids", DTYPE_I32, S1(rows), NULL, ids);
+        struct tensor tm = arena_out(&a, "margin", DTYPE_F32, S1(rows), NULL, margin);
+        if (SUPPORTED(&v, b, logit_draw)) op_logit_draw(b, &ti, &tm, &tx, &tt, &tu);
+        arena_finish(&a, &v);
+        int n = 0, drawing = 0;
+        for (int i = 0; i < rows; i++) {
+            if (t[i] > 0.0f) drawing++;
+            if (t[i] > 0.0f && want_margin[i] <= 2e-5) continue; /* too near an edge to ask for its token */
+            got_d[n] = ids[i], want_d[n] = want_id[i];
+            gm[n] = margin[i], wm[n] = want_margin[i], tol[n] = 1e-5;
+            n++;
+        }
+        if (2 * (n - (rows - drawing)) < drawing)
+            verdict_fail(&v, "backend %d: only %d of %d draws far enough from an edge to check", bi, n - (rows - drawing),
+                         drawing);
+        compare_i32(&v, "ids", got_d, want_d, (size_t)n, 1);
+        compare_close(&v, "margin", gm, wm, tol, 1.0, (size_t)n, 1);
+    }
+    case_end(s, name, &v);
+}
+
 /* ==== the case list ========================================================================= */
 
 static void run_all(struct suite *s)
@@ -1341,6 +1414,8 @@ static void run_all(struct suite *s)
             case_topk(s, float_dtypes[di], tk[i][0], tk[i][1], tk[i][2]);
         case_logit_mass(s, float_dtypes[di], 8, 1000);
         case_logit_mass(s, float_dtypes[di], 4, 49152);
+        case_logit_draw(s, float_dtypes[di], 64, 1000);
+        case_logit_draw(s, float_dtypes[di], 8, 49152);
     }
 }
 

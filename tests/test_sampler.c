@@ -2,13 +2,15 @@
  * token they exclude; at temperature 1 the empirical distribution matches softmax (chi-square
  * on a fixed seed); temperature sharpens; penalties change logits exactly as specified; the RNG
  * stream depends only on its seed; parameter validation names the field; drawing from a row's
- * 64 largest logits (sampler_sample_top) gives the whole row's token where it promises to.
+ * 64 largest logits (sampler_sample_top) gives the whole row's token where it promises to; so does
+ * a plain temperature draw made elsewhere (op_logit_draw) wherever its margin is SAMPLER_DRAW_TOL.
  * Prints one line per check and "N passed, M failed". */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops.h"
 #include "sampler.h"
 
 static int n_pass, n_fail;
@@ -333,6 +335,147 @@ static void check_nucleus(void)
     sampler_free(&whole);
 }
 
+/* A plain temperature draw as a device makes it (op_logit_draw), four ways: 0 the CPU backend's
+ * op; 1 CUDA's algorithm (the host's weights, base_exp's bits; f64 sums of 256 chunks, then the
+ * walk within one); 2 the same with weights by exp in double, rounded (a device whose exp is not
+ * base_exp); 3 the host's weights each moved 3.6e-7 (3 ulp), up in the row's first half and down
+ * in the second (the cumulative sums move most so), the worst SAMPLER_DRAW_TOL claims to cover. Returns the token, *margin its margin (-1 when none). */
+#define DRAW_V 4096
+static int32_t device_draw(int how, struct backend *b, const float *row, float t, float u, float *margin)
+{
+    if (how == 0) {
+        int32_t id = -1;
+        float mg = 0.0f;
+        struct tensor x = tensor_make((void *)row, DTYPE_F32, DEVICE_CPU, 2, (int64_t)1, (int64_t)DRAW_V);
+        struct tensor ti = tensor_make(&id, DTYPE_I32, DEVICE_CPU, 1, (int64_t)1);
+        struct tensor tm = tensor_make(&mg, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
+        struct tensor tt = tensor_make(&t, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
+        struct tensor tu = tensor_make(&u, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
+        op_logit_draw(b, &ti, &tm, &x, &tt, &tu);
+        *margin = mg;
+        return id;
+    }
+    static double w[DRAW_V];
+    const float m = sampler_max(row, DRAW_V);
+    double total = 0.0, chunk[256] = {0};
+    for (int j = 0; j < DRAW_V; j++) {
+        const float d = (row[j] - m) / t;
+        if (how == 1) w[j] = sampler_exp(d);
+        else if (how == 2) w[j] = d > -87.0f ? (double)(float)exp((double)d) : 0.0;
+        else w[j] = (double)(float)(sampler_exp(d) * (1.0 + (j < DRAW_V / 2 ? 3.6e-7 : -3.6e-7)));
+        chunk[j / (DRAW_V / 256)] += w[j];
+    }
+    for (int k = 0; k < 256; k++) total += chunk[k];
+    const double target = (double)u * total;
+    double acc = 0.0;
+    for (int j = 0; j < DRAW_V; j++) {
+        if (w[j] == 0.0) continue;
+        const double before = acc;
+        acc += w[j];
+        if (target < acc) {
+            *margin = (float)(fmin(target - before, acc - target) / total);
+            return j;
+        }
+    }
+    *margin = -1.0f;
+    return -1;
+}
+
+/* Rows of DRAW_V logits (flat; a head over a tail; N(0, 3)) at four temperatures, 100 seeded
+ * draws each, by device_draw's way how at tolerance tol: *decided and *undecided count the draws
+ * that land at least tol inside their token and the rest, *moved the largest distance between a
+ * draw's margin and the host's (sampler_draw; beyond the f32 margin's own rounding); returns how
+ * many decided draws are not sampler_sample's token or leave another random state than the
+ * host's after it (d: the first). */
+static long draws_differ(int how, double tol, struct sampler *whole, struct backend *b, long *decided, long *undecided,
+                         double *moved, char *d, size_t dn)
+{
+    static float row[DRAW_V], work[DRAW_V];
+    const float temps[] = {0.5f, 1.0f, 1.5f, 2.0f};
+    long differ = 0;
+    *decided = *undecided = 0;
+    *moved = 0.0;
+    for (int kind = 0; kind < 3; kind++)
+        for (unsigned seed = 1; seed <= 3; seed++) {
+            struct rng g;
+            rng_seed(&g, 9100 * (unsigned)kind + seed);
+            for (int i = 0; i < DRAW_V; i++) {
+                const float a = rng_uniform(&g), c = rng_uniform(&g);
+                row[i] = kind == 0 ? 2.0f * a : kind == 1 ? -6.0f - 6.0f * a
+                       : 3.0f * sqrtf(-2.0f * logf(1.0f - a)) * cosf(6.2831853f * c);
+            }
+            for (int i = 0; kind == 1 && i < 24; i++) row[(i * 131 + (int)seed * 17) % DRAW_V] = 3.0f * rng_uniform(&g);
+            for (size_t a = 0; a < sizeof temps / sizeof *temps; a++) {
+                struct sampling_params p = sampling_params_default();
+                p.temperature = temps[a];
+                if (!sampler_draw_fits(&p)) continue;
+                for (uint64_t k = 0; k < 100; k++) {
+                    struct rng r1, r2;
+                    rng_seed(&r1, k * 7919 + seed), rng_seed(&r2, k * 7919 + seed);
+                    memcpy(work, row, sizeof row);
+                    const int32_t t1 = sampler_sample(whole, &p, &r1, work, NULL, 0, NULL, 0);
+                    float margin = 0.0f;
+                    const float u = rng_uniform(&r2);
+                    const int32_t t2 = device_draw(how, b, row, p.temperature, u, &margin);
+                    double host_margin = 0.0;
+                    if (sampler_draw(whole, row, p.temperature, u, &host_margin) == t2) {
+                        const double gap = fabs((double)margin - host_margin) - 6e-8 * host_margin;
+                        *moved = gap > *moved ? gap : *moved;
+                    }
+                    if (t2 < 0 || margin < (float)tol) {
+                        ++*undecided;
+                        continue;
+                    }
+                    ++*decided;
+                    if ((t1 != t2 || rng_next(&r1) != rng_next(&r2)) && !differ++)
+                        snprintf(d, dn, "kind %d, T %g, draw %d: %d (margin %.3g) against %d", kind, p.temperature,
+                                 (int)k, t2, (double)margin, t1);
+                }
+            }
+        }
+    return differ;
+}
+
+/* Every way's decided draws are the host's at its tolerance (the exact one where the weights are
+ * the host's bits; nearly every draw decided there), and its margins within the bound its
+ * tolerance assumes (1.2e-10 of the total, 8.4e-7); weights 3 ulp off move them past the exact
+ * tolerance (what SAMPLER_DRAW_TOL is for); sampler_draw_tolerance finds the CPU backend exact. */
+static void check_draw(void)
+{
+    struct sampler whole;
+    struct backend *b = NULL;
+    if (sampler_init(&whole, DRAW_V) != STATUS_OK || backend_open(DEVICE_CPU, 0, 1, &b) != STATUS_OK) {
+        check(0, "op_logit_draw: a sampler and a CPU backend", NULL);
+        return;
+    }
+    const char *names[] = {"the CPU op", "CUDA's algorithm", "exp in double", "weights 3 ulp off"};
+    const double tols[] = {SAMPLER_DRAW_TOL_EXACT, SAMPLER_DRAW_TOL_EXACT, SAMPLER_DRAW_TOL, SAMPLER_DRAW_TOL};
+    for (int how = 0; how < 4; how++) {
+        long decided, undecided;
+        double moved;
+        char d[256] = "", what[400];
+        const long differ = draws_differ(how, tols[how], &whole, b, &decided, &undecided, &moved, d, sizeof d);
+        const int exact = tols[how] == SAMPLER_DRAW_TOL_EXACT;
+        const long need = exact ? 999 : 900; /* per mille decided */
+        const double bound = exact ? 1.2e-10 : 8.4e-7;
+        snprintf(what, sizeof what, "op_logit_draw (%s) at tolerance %g: %ld of %ld plain temperature draws decided, "
+                 "each the whole row's token and random stream; margins within %.2g of the host's (bound %.2g)",
+                 names[how], tols[how], decided, decided + undecided, moved, bound);
+        check(differ == 0 && decided * 1000 >= (decided + undecided) * need && moved <= bound, what, differ ? d : NULL);
+        if (how == 3) {
+            snprintf(what, sizeof what, "weights 3 ulp off move margins by %.2g, past the exact tolerance %g", moved,
+                     SAMPLER_DRAW_TOL_EXACT);
+            check(moved > SAMPLER_DRAW_TOL_EXACT, what, NULL);
+        }
+    }
+    const double tol = sampler_draw_tolerance(b);
+    char what[160];
+    snprintf(what, sizeof what, "sampler_draw_tolerance: the CPU backend's weights are the host's bits (%g)", tol);
+    check(tol == SAMPLER_DRAW_TOL_EXACT, what, NULL);
+    backend_close(b);
+    sampler_free(&whole);
+}
+
 int main(void)
 {
     struct sampler s;
@@ -509,6 +652,7 @@ int main(void)
     check_filters_large();
     check_top();
     check_nucleus();
+    check_draw();
     sampler_free(&s);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

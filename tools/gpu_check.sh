@@ -125,8 +125,8 @@ run_tests() {
   step "memcheck test_model phi3_lora" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$B/build/tests/test_model" cuda "$B/build/golden" phi3_lora
   local f # the decode-step kernels of 2026-12-04 (gemv, vector rmsnorm and argmax, rope over heads);
-  # logit_mass (sampled rows' top candidates, written after it)
-  for f in "matmul bf16" "matmul f16" rmsnorm argmax rope logit_mass; do
+  # logit_mass and logit_draw (sampled rows' top candidates and plain temperature draws, written after it)
+  for f in "matmul bf16" "matmul f16" rmsnorm argmax rope logit_mass logit_draw; do
     step "memcheck test_ops ($f)" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$B/build/tests/test_ops" --backend cuda --filter "$f"
   done
@@ -139,6 +139,8 @@ run_tests() {
     "$B/build/tests/test_ops" --backend cuda --filter rmsnorm
   step "racecheck test_ops (logit_mass)" 60 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$B/build/tests/test_ops" --backend cuda --filter logit_mass
+  step "racecheck test_ops (logit_draw)" 60 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
+    "$B/build/tests/test_ops" --backend cuda --filter logit_draw
   step "racecheck test_ops (attention)" 90 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$B/build/tests/test_ops" --backend cuda --filter attention
   unset SHARDLM_SYNC_CHECK
@@ -182,6 +184,13 @@ run_bench() {
     step "bench_engine llama1b cuda, sampled, rows downloaded" 60 "$log" env SHARDLM_DEVICE_SAMPLING=0 \
       "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1,64 --prompt 32 --tokens 64 \
       --temperature 0.8 --top-p 0.95
+    echo "plain temperature requests (temperature 1: each row drawn on the device, op_logit_draw; the row where the draw lands within the tolerance of its token's edge):" >> "$log"
+    step "bench_engine llama1b cuda, plain temperature" 60 "$log" "$B/build/tests/bench_engine" --device cuda --model "$m" \
+      --concurrency 1,64 --prompt 32 --tokens 64 --temperature 1.0 --top-p 1.0
+    echo "the same with every row downloaded (SHARDLM_DEVICE_SAMPLING=0):" >> "$log"
+    step "bench_engine llama1b cuda, plain temperature, rows downloaded" 60 "$log" env SHARDLM_DEVICE_SAMPLING=0 \
+      "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1,64 --prompt 32 --tokens 64 \
+      --temperature 1.0 --top-p 1.0
     echo "sampled requests with top_k 40 (temperature 0.8, top_p 0.95: each row's top 64 logits downloaded):" >> "$log"
     step "bench_engine llama1b cuda, sampled top_k 40" 60 "$log" "$B/build/tests/bench_engine" --device cuda --model "$m" \
       --concurrency 1,64 --prompt 32 --tokens 64 --temperature 0.8 --top-p 0.95 --top-k 40

@@ -90,6 +90,10 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.top_ids, DTYPE_I32, 2, {max_logits, top_k}},
         {&m->ws.top_inv_temp, DTYPE_F32, 1, {max_logits}},
         {&m->ws.top_mass, DTYPE_F32, 1, {max_logits}},
+        {&m->ws.draw_temp, DTYPE_F32, 1, {max_logits}},
+        {&m->ws.draw_u, DTYPE_F32, 1, {max_logits}},
+        {&m->ws.draw_ids, DTYPE_I32, 1, {max_logits}},
+        {&m->ws.draw_margin, DTYPE_F32, 1, {max_logits}},
         {&m->ws.logits_ss, DTYPE_F32, 1, {1}},
         {&m->ws.lse, DTYPE_F32, 2, {T, m->n_heads_local}},
         {&m->ws.type_ids, DTYPE_I32, 1, {c->type_vocab_size > 0 ? T : 0}},
@@ -481,6 +485,15 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
             backend_upload(b, inv_temp.data, fb->top_inv_temp, tensor_nbytes(&inv_temp));
             op_logit_mass(b, &mass, &full, &inv_temp);
         }
+        struct tensor draw_ids = tensor_first_rows(&m->ws.draw_ids, fb->n_logits);
+        struct tensor draw_margin = tensor_first_rows(&m->ws.draw_margin, fb->n_logits);
+        if (fb->top_k > 0 && fb->draw_ids) {
+            struct tensor temp = tensor_first_rows(&m->ws.draw_temp, fb->n_logits);
+            struct tensor u = tensor_first_rows(&m->ws.draw_u, fb->n_logits);
+            backend_upload(b, temp.data, fb->draw_temp, tensor_nbytes(&temp));
+            backend_upload(b, u.data, fb->draw_u, tensor_nbytes(&u));
+            op_logit_draw(b, &draw_ids, &draw_margin, &full, &temp, &u);
+        }
         if (fb->top_k > 0) op_topk(b, &top_v, &top_i, &full);
         else op_argmax(b, &ids_dev, &full);
         backend_download(b, &ss, m->ws.logits_ss.data, sizeof ss);
@@ -489,6 +502,10 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
                 backend_download(b, fb->top_values, top_v.data, tensor_nbytes(&top_v));
                 backend_download(b, fb->top_ids, top_i.data, tensor_nbytes(&top_i));
                 if (fb->top_mass) backend_download(b, fb->top_mass, mass.data, tensor_nbytes(&mass));
+                if (fb->draw_ids) {
+                    backend_download(b, fb->draw_ids, draw_ids.data, tensor_nbytes(&draw_ids));
+                    backend_download(b, fb->draw_margin, draw_margin.data, tensor_nbytes(&draw_margin));
+                }
             } else
                 backend_download(b, fb->greedy_ids, ids_dev.data, tensor_nbytes(&ids_dev));
             *fb->greedy_done = 1;

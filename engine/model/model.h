@@ -68,6 +68,7 @@ struct model_workspace {
     struct tensor greedy_ids;      /* i32 (max_logits): argmax of each logits row (greedy_ids) */
     struct tensor top_values, top_ids; /* f32 / i32 (max_logits, MODEL_MAX_TOP_K or the vocabulary) */
     struct tensor top_inv_temp, top_mass; /* f32 (max_logits): forward_batch.top_inv_temp, top_mass */
+    struct tensor draw_temp, draw_u, draw_ids, draw_margin; /* (max_logits): forward_batch.draw_* */
     struct tensor logits_ss;       /* f32 (1): sum of squares of the logits (a finiteness check) */
     struct tensor lse;             /* f32 (max_tokens, heads_local): model_embed's attention statistics */
     struct tensor type_ids;        /* i32 (max_tokens), all 0: the one segment's token type (BERT) */
@@ -278,6 +279,12 @@ struct forward_batch {
      * top_inv_temp[row] (host, n_logits; 0 = none) into top_mass (host, n_logits). */
     const float *top_inv_temp;
     float       *top_mass;
+    /* With top_k, when draw_ids is non-NULL: each row's op_logit_draw at temperature draw_temp[row]
+     * (host, n_logits; 0 = none) with uniform draw_u[row] into draw_ids and draw_margin (host,
+     * n_logits): plain temperature sampling decided on the device (sampler_draw_decided). */
+    const float *draw_temp, *draw_u;
+    int32_t     *draw_ids;
+    float       *draw_margin;
     /* Another LM head instead of the model's (a draft's head over part of the vocabulary,
      * engine/serving/draft.c): (rows, d_model) in a dtype op_matmul takes as a weight, on the
      * model's backend; the logits are then (n_logits, rows), column j the head's row j. Only on

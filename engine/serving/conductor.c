@@ -386,24 +386,33 @@ static int step_device_sampling(const struct conductor *c)
     return mode;
 }
 
-/* Each logits row's inverse temperature for its mass (c->top_inv_temp): a sampled row that
- * sampler_sample_nucleus draws (top_p or min_p without top_k) 1 / T, any other 0. Returns whether
- * any row wants one. (In a step of top candidates no row is a prompt log-probability's or a
- * draft's: a sequence's sampled row is its logit_row.) */
-static int top_masses(struct conductor *c)
+/* What each sampled logits row of a step of top candidates asks the device for beside them: a
+ * row that sampler_sample_nucleus draws (top_p or min_p without top_k) its mass at inverse
+ * temperature 1 / T (c->top_inv_temp; 0 for the others), a plain temperature row its draw
+ * (c->draw_temp, and the uniform its random state would give next: c->draw_u, c->draw_rng; 0 for
+ * the others). Sets step_mass and step_draw: whether any row wants either. (In a step of top
+ * candidates no row is a prompt log-probability's or a draft's: a sequence's sampled row is its
+ * logit_row.) */
+static void top_requests(struct conductor *c)
 {
     const struct scheduler *sc = &c->sched;
-    int any = 0;
-    for (int i = 0; i < sc->batch.n_logits; i++) c->top_inv_temp[i] = 0.0f;
+    c->step_mass = c->step_draw = 0;
+    for (int i = 0; i < sc->batch.n_logits; i++) c->top_inv_temp[i] = c->draw_temp[i] = c->draw_u[i] = 0.0f;
     for (int i = 0; i < sc->n_running; i++) {
         const struct seq *s = sc->running[i];
         if (s->n_rows == 0 || s->state != SEQ_RUNNING || !s->wants_sample) continue;
         const struct sampling_params *sp = &s->req->p.sampling;
-        if (!sampler_nucleus_fits(sp)) continue;
-        c->top_inv_temp[s->logit_row] = 1.0f / sp->temperature;
-        any = 1;
+        const int row = s->logit_row;
+        if (sampler_nucleus_fits(sp)) {
+            c->top_inv_temp[row] = 1.0f / sp->temperature;
+            c->step_mass = 1;
+        } else if (sampler_draw_fits(sp)) {
+            c->draw_rng[row] = s->rng;
+            c->draw_u[row] = rng_uniform(&c->draw_rng[row]);
+            c->draw_temp[row] = sp->temperature;
+            c->step_draw = 1;
+        }
     }
-    return any;
 }
 
 /* Step 3: the plan to every rank of the replica, then the forward pass over the planned rows. */
@@ -421,7 +430,8 @@ static enum status run_planned_step(struct conductor *c)
     const int dev = c->device_greedy ? step_device_sampling(c) : 0;
     c->step_greedy = dev > 0;
     c->step_top = dev == 1;
-    c->step_mass = c->step_top && top_masses(c);
+    c->step_mass = c->step_draw = 0;
+    if (c->step_top) top_requests(c);
     if (st == STATUS_OK) st = run_forward(c, b->n_rows, b->n_seqs, b->n_logits, n_micro);
     pthread_mutex_lock(&c->mu);
     c->stats.steps++;

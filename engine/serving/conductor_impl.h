@@ -124,10 +124,21 @@ struct conductor {
      * top_ids those of the step's rows (max_logits, top_k), top_smp the sampler over one row's
      * candidates, top_lg / top_tok its row in id order (take_top); top_inv_temp / top_mass each
      * row's inverse temperature for its mass (0: none wanted) and the mass (sampler_sample_nucleus),
-     * step_mass whether this step wants any. */
+     * step_mass whether this step wants any. Plain temperature rows (sampler_draw_fits) are drawn
+     * on the device too (op_logit_draw): draw_temp each row's temperature (0: none), draw_u its
+     * uniform, drawn from draw_rng[row], a copy of the sequence's random state that becomes the
+     * sequence's only where the draw is taken (sampler_draw_decided; else the host draws the same
+     * uniform from the row fetched whole); draw_ids / draw_margin the device's draws, taken where
+     * the margin is at least draw_tol (SAMPLER_DRAW_TOL; SHARDLM_TEST_DRAW_TOL sets another, so that
+     * tests see rows fetched); step_draw whether this step makes any. */
     int      step_top, step_mass, top_k, top_used, top_fetched;
     float   *top_values, *top_lg, *top_inv_temp, *top_mass;
     int32_t *top_ids, *top_tok;
+    int      step_draw, draw_used, draw_fetched;
+    double   draw_tol;
+    float   *draw_temp, *draw_u, *draw_margin;
+    int32_t *draw_ids;
+    struct rng *draw_rng;
     struct sampler top_smp;
     /* Constraints (structured outputs): the vocabulary's token bytes and the compiled-grammar
      * cache, made at the first constrained request (gmu guards that), and one token mask. */
@@ -188,8 +199,9 @@ int         top_eligible(const struct conductor *c, const struct seq *s);
 int         row_alone(const struct seq *s);
 /* take_token for a top_eligible s whose step brought top candidates: its token drawn from the
  * candidates of logits row lrow (c->top_values / c->top_ids, sampler_sample_top, or
- * sampler_sample_nucleus with c->top_mass), then taken (take_chosen); where the candidates cannot
- * decide it, from the whole row fetched from the device (model_logits_row) by take_token. */
+ * sampler_sample_nucleus with c->top_mass), or the device's draw (c->draw_ids), then taken
+ * (take_chosen); where neither decides it, from the whole row fetched from the device
+ * (model_logits_row) by take_token. */
 int32_t     take_top(struct conductor *c, struct seq *s, int lrow);
 /* take_token's sampling without the taking: the token s draws from row (every sampling control and
  * its constraint), or -1 when s finished instead (logits not finite, scoring only, the constraint

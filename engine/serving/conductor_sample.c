@@ -111,7 +111,8 @@ int row_alone(const struct seq *s)
 
 int top_eligible(const struct conductor *c, const struct seq *s)
 {
-    return row_alone(s) && (sampler_top_exact(&s->req->p.sampling, c->top_k) || sampler_nucleus_fits(&s->req->p.sampling));
+    const struct sampling_params *sp = &s->req->p.sampling;
+    return row_alone(s) && (sampler_top_exact(sp, c->top_k) || sampler_nucleus_fits(sp) || sampler_draw_fits(sp));
 }
 
 int32_t take_top(struct conductor *c, struct seq *s, int lrow)
@@ -120,10 +121,27 @@ int32_t take_top(struct conductor *c, struct seq *s, int lrow)
     struct sampling_params sp = s->req->p.sampling;
     const float *values = c->top_values + (size_t)lrow * K;
     const int32_t *ids = c->top_ids + (size_t)lrow * K;
-    const int32_t tok = sampler_top_exact(&sp, c->top_k)
-                            ? sampler_sample_top(&c->top_smp, &sp, &s->rng, values, ids, c->top_k, c->top_lg, c->top_tok)
-                            : sampler_sample_nucleus(&sp, &s->rng, values, ids, c->top_k, c->top_mass[lrow], c->top_lg);
-    if (tok < 0) { /* the candidates could not decide it: the whole row, still on the device */
+    const int draw = !sampler_top_exact(&sp, c->top_k) && !sampler_nucleus_fits(&sp); /* (sampler_draw_fits) */
+    int32_t tok = -1;
+    if (sampler_top_exact(&sp, c->top_k))
+        tok = sampler_sample_top(&c->top_smp, &sp, &s->rng, values, ids, c->top_k, c->top_lg, c->top_tok);
+    else if (!draw)
+        tok = sampler_sample_nucleus(&sp, &s->rng, values, ids, c->top_k, c->top_mass[lrow], c->top_lg);
+    else if (c->draw_ids[lrow] >= 0 && c->draw_margin[lrow] >= c->draw_tol) {
+        tok = c->draw_ids[lrow];
+        s->rng = c->draw_rng[lrow]; /* the uniform it drew is spent */
+    }
+    int *said = draw ? (tok < 0 ? &c->draw_fetched : &c->draw_used) : (tok < 0 ? &c->top_fetched : &c->top_used);
+    if (!*said) {
+        *said = 1;
+        if (!draw) LOG_INFO(MODULE, tok < 0 ? "a sampled row's nucleus reached past the device's top %d logits: its whole "
+                                              "row was fetched" : "a sampled row drew from the device's top %d logits (not "
+                                              "the whole row)", c->top_k);
+        else LOG_INFO(MODULE, tok < 0 ? "a plain temperature draw on the device landed within %g of its token's edge: "
+                                        "its whole row was fetched" : "a plain temperature row was drawn on the device "
+                                        "(margin at least %g; not the whole row)", c->draw_tol);
+    }
+    if (tok < 0) { /* the device could not decide it: the whole row, still on the device */
         const size_t V = (size_t)c->m->cfg.vocab_size;
         float *row = c->logits + (size_t)lrow * V;
         const enum status st = model_logits_row(c->m, lrow, row);
@@ -131,16 +149,7 @@ int32_t take_top(struct conductor *c, struct seq *s, int lrow)
             finish_seq(c, s, FINISH_REASON_ERROR, st, status_message(), 0);
             return -1;
         }
-        if (!c->top_fetched) {
-            c->top_fetched = 1;
-            LOG_INFO(MODULE, "a sampled row's nucleus reached past the device's top %d logits: its whole row "
-                             "was fetched", c->top_k);
-        }
         return take_token(c, s, row, -1);
-    }
-    if (!c->top_used) {
-        c->top_used = 1;
-        LOG_INFO(MODULE, "a sampled row drew from the device's top %d logits (not the whole row)", c->top_k);
     }
     return take_chosen(c, s, NULL, tok);
 }

@@ -169,6 +169,15 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
         c->device_greedy = 0;
         LOG_INFO(MODULE, "speculative decoding on: greedy tokens are picked on the host, not the device");
     }
+    if (c->device_greedy) { /* plain temperature draws on the device: how near an edge they may land */
+        c->draw_tol = sampler_draw_tolerance(c->b);
+        const char *draw_tol = getenv("SHARDLM_TEST_DRAW_TOL"); /* a test's: more draws fetched */
+        if (draw_tol && *draw_tol) c->draw_tol = atof(draw_tol);
+        LOG_INFO(MODULE, "plain temperature draws on the device: %s (taken at least %g inside their token)",
+                 c->draw_tol == SAMPLER_DRAW_TOL_EXACT ? "its weights are the host's bits" :
+                 c->draw_tol == SAMPLER_DRAW_TOL ? "its weights differ from the host's in last bits" : "a test's tolerance",
+                 c->draw_tol);
+    }
     const size_t V = (size_t)cfg->vocab_size;
     void *logits = NULL; /* every step downloads into it: page-locked on CUDA */
     (void)backend_host_alloc(c->b, (size_t)c->max_logits * V * sizeof *c->logits, &logits);
@@ -184,8 +193,14 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->top_tok = malloc((size_t)c->top_k * sizeof *c->top_tok);
     c->top_inv_temp = malloc((size_t)c->max_logits * sizeof *c->top_inv_temp);
     c->top_mass = malloc((size_t)c->max_logits * sizeof *c->top_mass);
+    c->draw_temp = malloc((size_t)c->max_logits * sizeof *c->draw_temp);
+    c->draw_u = malloc((size_t)c->max_logits * sizeof *c->draw_u);
+    c->draw_margin = malloc((size_t)c->max_logits * sizeof *c->draw_margin);
+    c->draw_ids = malloc((size_t)c->max_logits * sizeof *c->draw_ids);
+    c->draw_rng = malloc((size_t)c->max_logits * sizeof *c->draw_rng);
     if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows || !c->greedy_ids || !c->gmask || !c->top_values ||
-        !c->top_ids || !c->top_lg || !c->top_tok || !c->top_inv_temp || !c->top_mass) {
+        !c->top_ids || !c->top_lg || !c->top_tok || !c->top_inv_temp || !c->top_mass || !c->draw_temp || !c->draw_u ||
+        !c->draw_margin || !c->draw_ids || !c->draw_rng) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
         goto fail;
     }
@@ -252,6 +267,11 @@ void conductor_free(struct conductor *c)
     free(c->top_tok);
     free(c->top_inv_temp);
     free(c->top_mass);
+    free(c->draw_temp);
+    free(c->draw_u);
+    free(c->draw_margin);
+    free(c->draw_ids);
+    free(c->draw_rng);
     free(c->gmask);
     verify_free(c);
     grammar_cache_free(c->gcache);

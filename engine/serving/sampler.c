@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "fastexp.h"
+#include "ops.h"
 #include "request.h"
 
 struct sampling_params sampling_params_default(void)
@@ -289,6 +290,36 @@ static float prepare(struct sampler *s, const struct sampling_params *p, float *
     return sampler_max(logits, V);
 }
 
+/* Plain temperature sampling needs no order: the weights of the whole vocabulary once (kept in
+ * s->probs, not computed again for the draw), then the first token whose cumulative weight in id
+ * order exceeds u times the total (f64 sums; the last token of nonzero weight when rounding leaves
+ * the target past them all). *margin, when margin is non-NULL: the target's distance to the nearer
+ * end of the token's interval over the total (-1 in that rounding case). */
+static int32_t plain_draw(struct sampler *s, const float *logits, float top, float temperature, float u,
+                          double *margin)
+{
+    const int V = s->vocab_size;
+    double total = 0.0;
+    for (int i = 0; i < V; i++) s->probs[i] = sampler_exp((logits[i] - top) / temperature); /* (vectorized) */
+    for (int i = 0; i < V; i++) total += s->probs[i];
+    const double target = (double)u * total;
+    double acc = 0.0;
+    int last = 0;
+    for (int i = 0; i < V; i++) {
+        const float w = s->probs[i];
+        if (w == 0.0f) continue;
+        last = i;
+        const double before = acc;
+        acc += w;
+        if (target < acc) {
+            if (margin) *margin = fmin(target - before, acc - target) / total;
+            return i;
+        }
+    }
+    if (margin) *margin = -1.0;
+    return last;
+}
+
 int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struct rng *r,
                        float *logits, const int32_t *prompt, int n_prompt, const int32_t *output,
                        int n_output)
@@ -299,23 +330,8 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
         return sampler_argmax(logits, V);
     }
     const float top = prepare(s, p, logits, prompt, n_prompt, output, n_output);
-    if (p->top_k == 0 && p->top_p >= 1.0f && p->min_p == 0.0f) {
-        /* Plain temperature sampling needs no order: the weights of the whole vocabulary once
-         * (kept, not computed again for the draw), then the draw. */
-        double total = 0.0;
-        for (int i = 0; i < V; i++) s->probs[i] = sampler_exp((logits[i] - top) / p->temperature); /* (vectorized) */
-        for (int i = 0; i < V; i++) total += s->probs[i];
-        double u = (double)rng_uniform(r) * total, acc = 0.0;
-        int last = 0;
-        for (int i = 0; i < V; i++) {
-            const float w = s->probs[i];
-            if (w == 0.0f) continue;
-            last = i;
-            acc += w;
-            if (u < acc) return i;
-        }
-        return last;
-    }
+    if (p->top_k == 0 && p->top_p >= 1.0f && p->min_p == 0.0f)
+        return plain_draw(s, logits, top, p->temperature, rng_uniform(r), NULL);
     const int n = candidates(s, p, logits, top);
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += s->probs[i];
@@ -400,6 +416,67 @@ int32_t sampler_sample_nucleus(const struct sampling_params *p, struct rng *r, c
         if (u < cum) return ids[i];
     }
     return ids[keep - 1];
+}
+
+int sampler_draw_fits(const struct sampling_params *p)
+{
+    return p->temperature > 0.0f && p->top_k == 0 && p->top_p >= 1.0f && p->min_p == 0.0f && !sampler_penalised(p);
+}
+
+int32_t sampler_draw(struct sampler *s, const float *logits, float temperature, float u, double *margin)
+{
+    return plain_draw(s, logits, sampler_max(logits, s->vocab_size), temperature, u, margin);
+}
+
+/* Calibration rows: CAL_ROWS of CAL_V logits, each with 64 tokens within 1 of its top (so that one
+ * weight off by an ulp moves the margins by about 1e-9, far above the 5e-13 that the sums' order
+ * can), temperatures and uniforms spread over their ranges (u near 0 and near 1 included). */
+#define CAL_ROWS 16
+#define CAL_V 4096
+#define CAL_EXACT 1e-11
+
+double sampler_draw_tolerance(struct backend *b)
+{
+    struct sampler s = {0};
+    float *x = malloc((size_t)CAL_ROWS * CAL_V * sizeof *x), t[CAL_ROWS], u[CAL_ROWS], margin[CAL_ROWS];
+    int32_t ids[CAL_ROWS];
+    void *dev = NULL;
+    const size_t nx = (size_t)CAL_ROWS * CAL_V * sizeof *x, n1 = CAL_ROWS * sizeof(float);
+    double tol = SAMPLER_DRAW_TOL;
+    if (!x || sampler_init(&s, CAL_V) != STATUS_OK || backend_alloc(b, nx + 4 * n1, &dev) != STATUS_OK) goto done;
+    struct rng g;
+    rng_seed(&g, 20261206);
+    for (int i = 0; i < CAL_ROWS; i++) {
+        float *row = x + (size_t)i * CAL_V;
+        for (int j = 0; j < CAL_V; j++) row[j] = -4.0f - 8.0f * rng_uniform(&g);
+        for (int j = 0; j < 64; j++) row[(j * 61 + i * 7) % CAL_V] = rng_uniform(&g);
+        t[i] = 0.4f + 0.1f * (float)i;
+        u[i] = i == 0 ? 0.0f : i == CAL_ROWS - 1 ? 1.0f - 1.0f / 16777216.0f : rng_uniform(&g);
+    }
+    char *d = dev;
+    struct tensor tx = tensor_make(d, DTYPE_F32, b->device, 2, (int64_t)CAL_ROWS, (int64_t)CAL_V);
+    struct tensor tt = tensor_make(d + nx, DTYPE_F32, b->device, 1, (int64_t)CAL_ROWS);
+    struct tensor tu = tensor_make(d + nx + n1, DTYPE_F32, b->device, 1, (int64_t)CAL_ROWS);
+    struct tensor ti = tensor_make(d + nx + 2 * n1, DTYPE_I32, b->device, 1, (int64_t)CAL_ROWS);
+    struct tensor tm = tensor_make(d + nx + 3 * n1, DTYPE_F32, b->device, 1, (int64_t)CAL_ROWS);
+    backend_upload(b, tx.data, x, nx);
+    backend_upload(b, tt.data, t, n1);
+    backend_upload(b, tu.data, u, n1);
+    op_logit_draw(b, &ti, &tm, &tx, &tt, &tu);
+    backend_download(b, ids, ti.data, n1);
+    backend_download(b, margin, tm.data, n1);
+    int exact = 1;
+    for (int i = 0; i < CAL_ROWS && exact; i++) {
+        double want = 0.0;
+        const int32_t id = sampler_draw(&s, x + (size_t)i * CAL_V, t[i], u[i], &want);
+        exact = id == ids[i] && want >= 0.0 && fabs((double)margin[i] - want) <= CAL_EXACT + 1e-7 * want;
+    }
+    tol = exact ? SAMPLER_DRAW_TOL_EXACT : SAMPLER_DRAW_TOL;
+done:
+    backend_free(b, dev);
+    sampler_free(&s);
+    free(x);
+    return tol;
 }
 
 void sampler_probs(struct sampler *s, const struct sampling_params *p, float *logits, const int32_t *prompt,

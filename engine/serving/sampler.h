@@ -87,6 +87,30 @@ int         sampler_nucleus_fits(const struct sampling_params *p);
 int32_t     sampler_sample_nucleus(const struct sampling_params *p, struct rng *r, const float *values,
                                    const int32_t *ids, int k, double mass, float *w);
 
+/* Whether sampler_sample's draw is plain temperature sampling (temperature > 0, no top_k, top_p or
+ * min_p, no penalty), which op_logit_draw can make where the logits are: the token whose interval
+ * of cumulative weight, in id order, holds the uniform times the total. */
+int         sampler_draw_fits(const struct sampling_params *p);
+/* How far inside its token's interval, over the row's total weight, a draw made elsewhere
+ * (op_logit_draw's margin) must land for it to be sampler_sample's token; a draw closer to its
+ * token's edge is made again on the host from the whole row, with the random state as it was
+ * before the draw's uniform. SAMPLER_DRAW_TOL_EXACT where the device forms the host's very
+ * weights (sampler_draw_tolerance says so): only the sums' order differs, by at most about 1.2e-10
+ * of the total over 262,144 tokens. SAMPLER_DRAW_TOL where it does not: the weights may each
+ * differ by a few ulp (base_exp is within 3 ulp of e^x), so the cumulative sums and targets by at
+ * most about 8.4e-7 of the total; about five times that. tests/test_sampler.c checks both. */
+#define SAMPLER_DRAW_TOL_EXACT 1e-9
+#define SAMPLER_DRAW_TOL 4e-6
+/* sampler_sample's plain temperature draw over logits (vocab_size, no NaN) at that temperature with
+ * uniform u, and *margin (non-NULL) its margin as op_logit_draw defines it (-1 where the target
+ * rounds past every token). */
+int32_t     sampler_draw(struct sampler *s, const float *logits, float temperature, float u, double *margin);
+/* Runs op_logit_draw on backend b over a few calibration rows and compares its tokens and margins
+ * with sampler_draw's: SAMPLER_DRAW_TOL_EXACT where they agree as only the sums' order allows (b's
+ * weights are this host's bits), else SAMPLER_DRAW_TOL. */
+struct backend;
+double      sampler_draw_tolerance(struct backend *b);
+
 /* The distribution sampler_sample draws from, dense into out (vocab_size; 0 outside the tokens
  * the filters keep, one-hot on the argmax when greedy), under the same parameters; logits are
  * modified as there. Draws nothing. Speculative decoding with a draft model compares the

@@ -179,6 +179,7 @@ static const struct backend_ops cpu_backend_ops = {
     .argmax = cpu_argmax,
     .topk = cpu_topk,
     .logit_mass = cpu_logit_mass,
+    .logit_draw = cpu_logit_draw,
     .attention_train = cpu_attention_train,
     .attention_train_backward = cpu_attention_train_backward,
     .attention_sinks_backward = cpu_attention_sinks_backward,

@@ -150,6 +150,8 @@ void cpu_log_softmax(struct backend *b, const struct tensor *out, const struct t
 void cpu_argmax(struct backend *b, const struct tensor *ids, const struct tensor *x);
 void cpu_logit_mass(struct backend *b, const struct tensor *mass, const struct tensor *x,
                     const struct tensor *inv_temp);
+void cpu_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
+                   const struct tensor *x, const struct tensor *temp, const struct tensor *u);
 void cpu_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
               const struct tensor *x);
 

@@ -1,6 +1,9 @@
 /* kernels/cpu/logit_mass.c - op_logit_mass on the CPU: per row, the sum of the sampler's weights
- * exp((x - max) w) within its floor ((x - max) w >= ln(1e-12)), in f64.
- * Tests: tests/test_ops.c (logit_mass cases). */
+ * exp((x - max) w) within its floor ((x - max) w >= ln(1e-12)), in f64; and op_logit_draw, plain
+ * temperature sampling's draw over a row: the token whose interval of cumulative weight holds u
+ * times the total, and how far inside it lies.
+ * Tests: tests/test_ops.c (logit_mass and logit_draw cases), tests/test_sampler.c (logit_draw
+ * against the host sampler's draws). */
 #include <math.h>
 
 #include "cpu_ops.h"
@@ -28,5 +31,49 @@ void cpu_logit_mass(struct backend *b, const struct tensor *mass, const struct t
             if (d >= -27.631021f) s += exp((double)d);
         }
         out[i] = (float)s;
+    }
+}
+
+/* The weights as the host sampler forms them (sampler_exp: base_exp, 0 at or below -87; this file
+ * is built for the baseline ISA, as the engine is, so the same bits), the cumulative sums in f64
+ * in id order, as sampler_sample's plain-temperature loop adds them. */
+static float draw_weight(const struct tensor *x, size_t at, float m, float t)
+{
+    const float d = (dtype_load_f32(x->data, x->dtype, at) - m) / t;
+    return d > -87.0f ? cpu_exp(d) : 0.0f;
+}
+
+void cpu_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
+                    const struct tensor *x, const struct tensor *temp, const struct tensor *u)
+{
+    const int64_t n = tensor_rows(x), v = tensor_cols(x);
+    const float *t = temp->data, *uu = u->data;
+    int32_t *id = ids->data;
+    float *mg = margin->data;
+    #pragma omp parallel for schedule(static) if (n * v > CPU_PARALLEL_MIN) num_threads(b->n_threads)
+    for (int64_t i = 0; i < n; i++) {
+        id[i] = -1, mg[i] = 0.0f;
+        if (!(t[i] > 0.0f)) continue;
+        const size_t row = (size_t)(i * v);
+        float m = -INFINITY;
+        for (int64_t j = 0; j < v; j++) {
+            const float e = dtype_load_f32(x->data, x->dtype, row + (size_t)j);
+            if (e > m) m = e;
+        }
+        double total = 0.0;
+        for (int64_t j = 0; j < v; j++) total += draw_weight(x, row + (size_t)j, m, t[i]);
+        const double target = (double)uu[i] * total;
+        double acc = 0.0;
+        for (int64_t j = 0; j < v; j++) {
+            const float w = draw_weight(x, row + (size_t)j, m, t[i]);
+            if (w == 0.0f) continue;
+            const double before = acc;
+            acc += w;
+            if (target < acc) {
+                const double lo = target - before, hi = acc - target;
+                id[i] = (int32_t)j, mg[i] = (float)((lo < hi ? lo : hi) / total);
+                break;
+            }
+        }
     }
 }

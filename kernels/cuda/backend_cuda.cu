@@ -187,6 +187,7 @@ static const struct backend_ops cuda_backend_ops = {
     .argmax = cuda_argmax,
     .topk = cuda_topk,
     .logit_mass = cuda_logit_mass,
+    .logit_draw = cuda_logit_draw,
     .attention_train = cuda_attention_train,
     .attention_train_backward = cuda_attention_train_backward,
     .attention_sinks_backward = cuda_attention_sinks_backward,

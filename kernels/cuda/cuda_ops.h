@@ -61,6 +61,8 @@ void cuda_log_softmax(struct backend *b, const struct tensor *out, const struct 
 void cuda_argmax(struct backend *b, const struct tensor *ids, const struct tensor *x);
 void cuda_logit_mass(struct backend *b, const struct tensor *mass, const struct tensor *x,
                      const struct tensor *inv_temp);
+void cuda_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
+                    const struct tensor *x, const struct tensor *temp, const struct tensor *u);
 void cuda_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
                const struct tensor *x);
 

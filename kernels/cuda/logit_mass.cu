@@ -2,8 +2,12 @@
  * exp((x - max) w) within its floor ((x - max) w >= ln(1e-12)), accumulated in f64. One block per
  * row: the row's maximum (cuda_block_max), then each thread's f64 partial sum, added in a fixed
  * shuffle tree (the same bits on every run).
- * Not here: sampling from the sum (engine/serving/sampler.c sampler_sample_nucleus).
- * Tests: tests/test_ops.c --backend cuda (logit_mass cases); written without a GPU, not yet run on one. */
+ * op_logit_draw: plain temperature sampling's draw over a row, the token whose interval of
+ * cumulative weight (id order) holds u times the row's total, and how far inside it the target lies.
+ * Not here: sampling from the sum (engine/serving/sampler.c sampler_sample_nucleus), deciding
+ * whether a draw's margin is wide enough (sampler_draw_decided).
+ * Tests: tests/test_ops.c --backend cuda (logit_mass and logit_draw cases); written without a GPU,
+ * not yet run on one. */
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
@@ -59,5 +63,99 @@ void cuda_logit_mass(struct backend *b, const struct tensor *mass, const struct 
     CUDA_DISPATCH_FLOAT(x->dtype, T,
         logit_mass_kernel<T><<<(unsigned)n, MASS_THREADS, 0, s->stream>>>((float *)mass->data, (const T *)x->data,
                                                                           (const float *)inv_temp->data, v);
+        LAUNCH_CHECK());
+}
+
+#define DRAW_THREADS 256
+
+/* kernels/base/fastexp.h's base_exp step for step, each product and sum rounded on its own
+ * (__fmul_rn / __fadd_rn: nvcc would otherwise fuse them into FMAs, which the host's x86-64 build
+ * never does), so that the weights are the host sampler's very bits (sampler_draw_tolerance checks
+ * that at startup and loosens the tolerance where they are not). */
+static __device__ __forceinline__ float draw_exp(float x)
+{
+    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+    const float z = __fadd_rn(__fmul_rn(x, 1.44269504088896341f), 12582912.0f);
+    const float n = __fsub_rn(z, 12582912.0f);
+    const float r = __fsub_rn(__fsub_rn(x, __fmul_rn(n, 0.693359375f)), __fmul_rn(n, -2.12194440e-4f));
+    float p = 1.9875691500e-4f;
+    p = __fadd_rn(__fmul_rn(p, r), 1.3981999507e-3f);
+    p = __fadd_rn(__fmul_rn(p, r), 8.3334519073e-3f);
+    p = __fadd_rn(__fmul_rn(p, r), 4.1665795894e-2f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.6666665459e-1f);
+    p = __fadd_rn(__fmul_rn(p, r), 5.0000001201e-1f);
+    p = __fadd_rn(__fadd_rn(__fmul_rn(__fmul_rn(p, r), r), r), 1.0f);
+    const uint32_t bits = (__float_as_uint(z) - 0x4B400000u + 127u) << 23;
+    return __fmul_rn(p, __uint_as_float(bits));
+}
+
+/* The sampler's weight of element j: sampler_exp((x - m) / t), 0 at or below -87. */
+template <typename T>
+static __device__ __forceinline__ float draw_weight(const T *xr, int64_t j, float m, float t)
+{
+    const float d = __fdiv_rn(__fsub_rn(cuda_load(xr + j), m), t);
+    return d > -87.0f ? draw_exp(d) : 0.0f;
+}
+
+/* One block per row. The maximum (strided, coalesced); then thread k sums the weights of its
+ * contiguous chunk of the row in f64, thread 0 turns the chunk sums into each chunk's start, in
+ * order, and the one thread whose chunk holds the target walks it token by token. (The chunks
+ * are read thread by thread, not coalesced: the second and third passes lean on the L1 cache,
+ * 256 threads' current lines.) Where the walk's own running sum ends its chunk short of the
+ * target (rounding), no token is written: -1, the host then samples the whole row. */
+template <typename T>
+static __global__ void __launch_bounds__(DRAW_THREADS)
+logit_draw_kernel(int32_t *ids, float *margin, const T *x, const float *temp, const float *u, int64_t v)
+{
+    __shared__ double start[DRAW_THREADS + 1];
+    const int64_t i = blockIdx.x;
+    const float t = temp[i];
+    if (!(t > 0.0f)) { /* (the whole block takes this branch) */
+        if (threadIdx.x == 0) ids[i] = -1, margin[i] = 0.0f;
+        return;
+    }
+    const T *xr = x + i * v;
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, cuda_load(xr + j));
+    m = cuda_block_max(m);
+    const int64_t chunk = (v + DRAW_THREADS - 1) / DRAW_THREADS, j0 = (int64_t)threadIdx.x * chunk;
+    const int64_t j1 = j0 + chunk < v ? j0 + chunk : v;
+    double sum = 0.0;
+    for (int64_t j = j0; j < j1; j++) sum += draw_weight(xr, j, m, t);
+    start[threadIdx.x + 1] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        start[0] = 0.0;
+        for (int k = 1; k <= DRAW_THREADS; k++) start[k] += start[k - 1];
+        ids[i] = -1, margin[i] = 0.0f;
+    }
+    __syncthreads();
+    const double total = start[DRAW_THREADS], target = (double)u[i] * total;
+    if (!(target >= start[threadIdx.x] && target < start[threadIdx.x + 1])) return;
+    double acc = start[threadIdx.x];
+    for (int64_t j = j0; j < j1; j++) {
+        const float w = draw_weight(xr, j, m, t);
+        if (w == 0.0f) continue;
+        const double before = acc;
+        acc += w;
+        if (target < acc) {
+            const double lo = target - before, hi = acc - target;
+            ids[i] = (int32_t)j, margin[i] = (float)((lo < hi ? lo : hi) / total);
+            return;
+        }
+    }
+}
+
+/* ids i32 (n), margin f32 (n); x any float dtype (n, v); temp, u f32 (n). */
+void cuda_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
+                     const struct tensor *x, const struct tensor *temp, const struct tensor *u)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    const int64_t n = tensor_rows(x), v = tensor_cols(x);
+    if (n == 0) return;
+    CUDA_DISPATCH_FLOAT(x->dtype, T,
+        logit_draw_kernel<T><<<(unsigned)n, DRAW_THREADS, 0, s->stream>>>(
+            (int32_t *)ids->data, (float *)margin->data, (const T *)x->data, (const float *)temp->data,
+            (const float *)u->data, v);
         LAUNCH_CHECK());
 }

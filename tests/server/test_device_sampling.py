@@ -3,14 +3,18 @@
 forced on the CPU here by SHARDLM_DEVICE_SAMPLING=1): a sampled request with no penalty, logit
 bias, banned ids, constraint or log-probabilities takes its token from its row's 64 largest logits
 (1 <= top_k < 64), or from them and the row's mass (top_p and / or min_p without top_k; the whole
-row fetched where they cannot decide), and must take the very token the host's sampler takes from
-the whole row. A server with the path and one without get the same requests (seeded; llama.cpp's
+row fetched where they cannot decide), or plain temperature sampling's draw made on the device
+(op_logit_draw; the whole row fetched where the draw lands too near its token's edge), and must
+take the very token the host's sampler takes from the whole row. A server with the path and one without get the same requests (seeded; llama.cpp's
 defaults top_k 40 / top_p 0.95 / min_p 0.05, a low temperature, top_k 63, top_p alone, min_p
-alone, a nucleus wider than 64 tokens; beside them rows that take the whole row: top_k 64,
-penalties, logprobs; greedy rows), one at a time and all at once in mixed steps; every output must
-be equal, and the forced server's log must say that a row drew from the top candidates and that
-one was fetched whole (the plain server's neither). At one rank and at tp 2 (mpirun; skipped
-without it), and SmolLM2 (a 49,152-token vocabulary).
+alone, a nucleus wider than 64 tokens, plain temperature hot and cool; beside them rows that take
+the whole row: top_k 64, penalties, logprobs; greedy rows), one at a time and all at once in mixed
+steps; every output must be equal, and the forced server's log must say that a row drew from the
+top candidates, that one was fetched whole, that a plain temperature row was drawn on the device
+with the exact tolerance (its weights the host's bits); the plain server's none of it. At one
+rank, at tp 2 (mpirun; skipped without it) with draws taken only 0.05 inside their token
+(SHARDLM_TEST_DRAW_TOL: many fetched, the random state rewound), and SmolLM2 (a 49,152-token
+vocabulary).
 
   test_device_sampling.py --shardlm BUILD/cli/shardlm --model DIR [--gguf SMOLLM2.gguf]
 SKIP (77) without the model or the Python client.
@@ -29,8 +33,11 @@ import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
 
 check = Checks()
-SAID = "drew from the device's top 64 logits"
-FETCHED = "nucleus reached past the device's top 64 logits"
+MARKS = {"top": "drew from the device's top 64 logits",
+         "fetched": "nucleus reached past the device's top 64 logits",
+         "drawn": "a plain temperature row was drawn on the device",
+         "draw fetched": "a plain temperature draw on the device landed within",
+         "exact": "its weights are the host's bits"}
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "One day, a girl named Sue",
            "Tom found a box", "The cat sat on"]
@@ -46,6 +53,9 @@ CASES = [("top_k 40", dict(temperature=0.9, top_k=40), True),
          ("min_p alone", dict(temperature=0.9, min_p=0.1), True),
          ("top_p and min_p", dict(temperature=1.0, top_p=0.95, min_p=0.05), True),
          ("a nucleus past the 64", dict(temperature=1.5, top_p=0.999), True),
+         ("plain temperature", dict(temperature=1.0), True),
+         ("plain, hot", dict(temperature=1.7), True),
+         ("plain, cool", dict(temperature=0.5), True),
          ("penalised", dict(temperature=0.8, top_k=40, presence_penalty=0.5), False),
          ("logprobs", dict(temperature=0.8, top_k=40, logprobs=2), False),
          ("greedy", dict(temperature=0), False)]
@@ -65,19 +75,22 @@ def run(srv, max_tokens, parallel):
         return dict(ex.map(one, jobs))
 
 
-def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True):
+def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True, draw_tol=None):
     runs, said = {}, {}
     for forced in (False, True):
         env = dict(os.environ)
         env.pop("SHARDLM_DEVICE_SAMPLING", None)
+        env.pop("SHARDLM_TEST_DRAW_TOL", None)
         if forced:
             env["SHARDLM_DEVICE_SAMPLING"] = "1"
+            if draw_tol:
+                env["SHARDLM_TEST_DRAW_TOL"] = str(draw_tol)
         with TS.Server(a.shardlm, Path(model), *extra, name=f"{name}-{'top' if forced else 'rows'}", env=env,
                        launcher=launcher) as srv:
             runs[forced] = [run(srv, max_tokens, False)] + ([run(srv, max_tokens, True)] if parallel else [])
             log = srv.log_path
         text = Path(log).read_text(errors="replace")
-        said[forced] = (SAID in text, FETCHED in text)
+        said[forced] = {k: mark in text for k, mark in MARKS.items()}
     for k, what in enumerate(["one at a time", "all at once"][:len(runs[True])]):
         plain, top = runs[False][k], runs[True][k]
         for case, _, served in CASES:
@@ -89,9 +102,11 @@ def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True)
                 print(f"  {diff[0]!r}:\n    rows: {plain[(case, diff[0])]!r}\n    top:  {top[(case, diff[0])]!r}")
         distinct = len({runs[True][k][(CASES[0][0], p)] for p in PROMPTS})
         check(distinct > 1, f"{name}: sampled outputs differ between prompts ({distinct} distinct), {what}")
-    check(said[True] == (True, True) and said[False] == (False, False),
-          f"{name}: the forced server's log says a sampled row drew from the top candidates and one's row was "
-          f"fetched whole ({said[True]}), the plain server's neither ({said[False]})")
+    want = {"top": True, "fetched": True, "drawn": True, "draw fetched": bool(draw_tol), "exact": not draw_tol}
+    got = {k: said[True][k] for k in want if want[k] or k == "exact"}
+    check(all(got[k] == want[k] for k in got) and not any(said[False].values()),
+          f"{name}: the forced server's log says {', '.join(k for k in want if want[k])} ({got}); the plain "
+          f"server's none ({[k for k, v in said[False].items() if v]})")
 
 
 def main():
@@ -106,7 +121,8 @@ def main():
     try:
         compare(a, a.model, "stories260K")
         if shutil.which("mpirun"):
-            compare(a, a.model, "stories260K tp 2", launcher=("mpirun", "--oversubscribe", "-n", "2"), extra=("--tp", "2"))
+            compare(a, a.model, "stories260K tp 2", launcher=("mpirun", "--oversubscribe", "-n", "2"), extra=("--tp", "2"),
+                    draw_tol=0.05)
         else:
             print("note: no mpirun: tp 2 not run")
         if a.gguf and os.path.exists(a.gguf):
