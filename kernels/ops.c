@@ -554,3 +554,18 @@ void op_logit_draw(struct backend *b, const struct tensor *ids, const struct ten
     b->ops->logit_draw(b, ids, margin, x, temp, u);
     after_op(b);
 }
+
+void op_logit_edit(struct backend *b, const struct tensor *x, const struct tensor *rows, const struct tensor *ids,
+                   const struct tensor *vals)
+{
+    check_float(b, x, "logit_edit x");
+    check_i32(b, rows, "logit_edit rows");
+    check_i32(b, ids, "logit_edit ids");
+    check_on(b, vals, "logit_edit vals");
+    const int64_t e = tensor_numel(ids);
+    CHECK(vals->dtype == DTYPE_F32 && tensor_numel(rows) == e && tensor_numel(vals) == 3 * e,
+          "logit_edit: rows %s ids %s vals %s x %s", DESC(rows), DESC(ids), DESC(vals), DESC(x));
+    if (e == 0) return;
+    b->ops->logit_edit(b, x, rows, ids, vals);
+    after_op(b);
+}

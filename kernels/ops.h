@@ -228,6 +228,8 @@ struct backend_ops {
                        const struct tensor *inv_temp);
     void (*logit_draw)(struct backend *b, const struct tensor *ids, const struct tensor *margin,
                        const struct tensor *x, const struct tensor *temp, const struct tensor *u);
+    void (*logit_edit)(struct backend *b, const struct tensor *x, const struct tensor *rows,
+                       const struct tensor *ids, const struct tensor *vals);
 
     /* training attention (kernels/cpu/attention_train.c, kernels/cuda/attention_train.cu) */
     void (*attention_train)(struct backend *b, const struct tensor *out, const struct tensor *lse,
@@ -619,6 +621,15 @@ void op_logit_mass(struct backend *b, const struct tensor *mass, const struct te
  * where temp[i] <= 0 or no token is reached. Rows holding NaN or Inf give unspecified values. */
 void op_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
                    const struct tensor *x, const struct tensor *temp, const struct tensor *u);
+
+/* A sampler's edits of single logits, in place: for each entry k, the element e = x[rows[k],
+ * ids[k]] of x (n, v) with (add, rep, sub) = vals[k] (f32 (e, 3)) becomes e + add (skipped where
+ * add is 0; -inf bans the token), then e / rep where e > 0 and e * rep elsewhere (rep 1: none),
+ * then e - sub: a logit bias, a banned id, a repetition penalty and presence / frequency
+ * penalties, in the host sampler's order and arithmetic (engine/serving/sampler.c). rows, ids i32
+ * (e); no (row, id) twice; rep > 0. */
+void op_logit_edit(struct backend *b, const struct tensor *x, const struct tensor *rows, const struct tensor *ids,
+                   const struct tensor *vals);
 
 /* ---- training attention ------------------------------------------------------------------ */
 

@@ -1269,6 +1269,60 @@ static void case_logit_draw(struct suite *s, enum dtype dt, int rows, int v_len)
     case_end(s, name, &v);
 }
 
+/* op_logit_edit (a sampler's bias, bans and penalties on the device). Each row gets up to v / 3
+ * entries at distinct ids, each a bias (some -inf: a ban), a repetition penalty, a subtraction or
+ * several; the reference applies them in f32 in the sampler's order and rounds to x's dtype, as
+ * the op must: exact (CUDA against the CPU too); the untouched elements stay as they were. */
+static void case_logit_edit(struct suite *s, enum dtype dt, int rows, int v_len)
+{
+    char name[96];
+    snprintf(name, sizeof name, "logit_edit %s rows=%d v=%d", dtype_name(dt), rows, v_len);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_make(s, dt, (size_t)rows * v_len);
+    for (size_t i = 0; i < x.n; i++) hbuf_set(&x, i, 4.0 * rng_normal(&r));
+    const int per = v_len / 3 > 0 ? v_len / 3 : 1, cap = rows * per;
+    int32_t *er = case_alloc(s, (size_t)cap, sizeof(int32_t)), *ei = case_alloc(s, (size_t)cap, sizeof(int32_t));
+    float *ev = case_alloc(s, 3 * (size_t)cap, sizeof(float));
+    struct hbuf want = hbuf_make(s, dt, x.n);
+    for (size_t i = 0; i < x.n; i++) hbuf_set(&want, i, x.val[i]);
+    int n = 0;
+    for (int i = 0; i < rows; i++) {
+        const int k = (int)rng_range(&r, 0.0, (double)per + 0.99);
+        const int step = v_len / (k + 1) > 0 ? v_len / (k + 1) : 1;
+        for (int j = 0; j < k; j++, n++) {
+            const int id = (j * step + i) % v_len; /* distinct in the row */
+            const int kind = (int)rng_range(&r, 0.0, 5.99);
+            float add = kind == 0 || kind == 3 ? (float)rng_range(&r, -5.0, 5.0) : 0.0f;
+            if (kind == 4) add = -INFINITY;
+            const float rep = kind == 1 || kind == 3 ? (float)rng_range(&r, 0.5, 2.0) : 1.0f;
+            const float sub = kind == 2 || kind == 3 || kind == 5 ? (float)rng_range(&r, -2.0, 3.0) : 0.0f;
+            er[n] = i, ei[n] = id, ev[3 * n] = add, ev[3 * n + 1] = rep, ev[3 * n + 2] = sub;
+            float l = (float)x.val[(size_t)i * v_len + id];
+            if (add != 0.0f) l += add;
+            if (rep != 1.0f) l = l > 0 ? l / rep : l * rep;
+            l -= sub;
+            hbuf_set(&want, (size_t)i * v_len + id, l);
+        }
+    }
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, x.n, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = arena_out(&a, "x", dt, S2(rows, v_len), x.bits, bits);
+        struct tensor trow = arena_in(&a, "rows", DTYPE_I32, S1(n), er);
+        struct tensor tid = arena_in(&a, "ids", DTYPE_I32, S1(n), ei);
+        struct tensor tv = arena_in(&a, "vals", DTYPE_F32, S2(n, 3), ev);
+        if (SUPPORTED(&v, b, logit_edit)) op_logit_edit(b, &tx, &trow, &tid, &tv);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, x.n);
+    }
+    check_exact(s, &v, "x", got, want.val, x.n, (size_t)v_len, 1);
+    case_end(s, name, &v);
+}
+
 /* ==== the case list ========================================================================= */
 
 static void run_all(struct suite *s)
@@ -1416,6 +1470,8 @@ static void run_all(struct suite *s)
         case_logit_mass(s, float_dtypes[di], 4, 49152);
         case_logit_draw(s, float_dtypes[di], 64, 1000);
         case_logit_draw(s, float_dtypes[di], 8, 49152);
+        case_logit_edit(s, float_dtypes[di], 1, 1);
+        case_logit_edit(s, float_dtypes[di], 16, 1000);
     }
 }
 

@@ -51,7 +51,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     const int64_t T = max_tokens, d = c->d_model, hd = c->head_dim;
     const int64_t E = c->n_experts, TK = E ? T * c->n_experts_used : 0, moe_T = E ? T : 0;
     const int64_t epTK = m->ep_size > 1 ? TK : 0;
-    const int64_t top_k = c->vocab_size < MODEL_MAX_TOP_K ? c->vocab_size : MODEL_MAX_TOP_K;
+    const int64_t top_k = model_top_width(c->vocab_size);
     /* gate and up hold one expert's rows too (moe_ffn features) */
     const int64_t ffn = E && c->moe_ffn > m->ffn_local ? c->moe_ffn : m->ffn_local;
     const struct work_entry table[] = {
@@ -213,6 +213,7 @@ void model_free(struct model *m)
     free(m->ws.ep_host_count);
     free((void *)m->ws.moe_load);
     backend_host_free(m->b, m->ws.host_logits);
+    backend_free(m->b, m->ws.edits);
     checkpoint_close(m->checkpoint);
     free(m);
 }
@@ -367,6 +368,94 @@ static struct layer_tensors serve_tensors(struct model *m, int64_t T)
     };
 }
 
+/* Rows [first, first + n) of logits x (rows, width) as f32 on the device: x's own, or cast into the
+ * same rows of ws.logits_f32 (the model's dtype is not f32), for the host to download. */
+static const float *f32_rows(struct model *m, const struct tensor *x, int64_t first, int64_t n)
+{
+    const int64_t width = tensor_cols(x);
+    const size_t at = (size_t)first * (size_t)width;
+    if (x->dtype == DTYPE_F32) return (const float *)x->data + at;
+    const struct tensor src = tensor_make((char *)x->data + at * dtype_size(x->dtype), x->dtype, m->b->device, 2, n, width);
+    const struct tensor dst = tensor_make((float *)m->ws.logits_f32.data + at, DTYPE_F32, m->b->device, 2, n, width);
+    op_cast(m->b, &dst, &src);
+    return dst.data;
+}
+
+/* The device's share of sampling (forward_batch.greedy_ids / top_k): edits, then the argmax or
+ * the top candidates with their masses and draws, downloaded. Returns 1 when done, 0 when a logit
+ * is not finite (the caller downloads the rows, unedited), -1 when the edits found no memory. */
+static int sample_on_device(struct model *m, const struct forward_batch *fb, struct tensor *full)
+{
+    struct backend *b = m->b;
+    CHECK(fb->top_k <= tensor_cols(&m->ws.top_ids), "forward batch: top_k %d of at most %lld", fb->top_k,
+          (long long)tensor_cols(&m->ws.top_ids));
+    float ss = 0.0f;
+    backend_memset_zero(b, m->ws.logits_ss.data, sizeof ss);
+    op_sum_squares(b, &m->ws.logits_ss, full);
+    if (fb->n_edits > 0) { /* only over finite logits: else the host samples the rows as they came */
+        backend_download(b, &ss, m->ws.logits_ss.data, sizeof ss);
+        if (!isfinite(ss)) return 0;
+        const size_t ni = (size_t)fb->n_edits * sizeof(int32_t), need = 2 * ni + 3 * ni;
+        if (need > m->ws.edits_bytes) {
+            backend_free(b, m->ws.edits);
+            m->ws.edits = NULL, m->ws.edits_bytes = 0;
+            if (backend_alloc(b, need, &m->ws.edits) != STATUS_OK) return -1;
+            m->ws.edits_bytes = need;
+        }
+        char *e = m->ws.edits;
+        struct tensor rows = tensor_make(e, DTYPE_I32, b->device, 1, (int64_t)fb->n_edits);
+        struct tensor ids = tensor_make(e + ni, DTYPE_I32, b->device, 1, (int64_t)fb->n_edits);
+        struct tensor vals = tensor_make(e + 2 * ni, DTYPE_F32, b->device, 2, (int64_t)fb->n_edits, (int64_t)3);
+        backend_upload(b, rows.data, fb->edit_rows, ni);
+        backend_upload(b, ids.data, fb->edit_ids, ni);
+        backend_upload(b, vals.data, fb->edit_vals, 3 * ni);
+        if (full->dtype != DTYPE_F32) { /* edited as the host edits them: in f32 */
+            struct tensor lg32 = tensor_make(m->ws.logits_f32.data, DTYPE_F32, b->device, 2, tensor_rows(full),
+                                             tensor_cols(full));
+            op_cast(b, &lg32, full);
+            *full = lg32;
+        }
+        op_logit_edit(b, full, &rows, &ids, &vals);
+        m->ws.logits_edited = 1;
+    }
+    struct tensor ids_dev = tensor_first_rows(&m->ws.greedy_ids, fb->n_logits);
+    struct tensor top_v = tensor_make(m->ws.top_values.data, DTYPE_F32, b->device, 2, (int64_t)fb->n_logits, fb->top_k);
+    struct tensor top_i = tensor_make(m->ws.top_ids.data, DTYPE_I32, b->device, 2, (int64_t)fb->n_logits, fb->top_k);
+    struct tensor mass = tensor_first_rows(&m->ws.top_mass, fb->n_logits);
+    if (fb->top_k > 0 && fb->top_mass) {
+        struct tensor inv_temp = tensor_first_rows(&m->ws.top_inv_temp, fb->n_logits);
+        backend_upload(b, inv_temp.data, fb->top_inv_temp, tensor_nbytes(&inv_temp));
+        op_logit_mass(b, &mass, full, &inv_temp);
+    }
+    struct tensor draw_ids = tensor_first_rows(&m->ws.draw_ids, fb->n_logits);
+    struct tensor draw_margin = tensor_first_rows(&m->ws.draw_margin, fb->n_logits);
+    if (fb->top_k > 0 && fb->draw_ids) {
+        struct tensor temp = tensor_first_rows(&m->ws.draw_temp, fb->n_logits);
+        struct tensor u = tensor_first_rows(&m->ws.draw_u, fb->n_logits);
+        backend_upload(b, temp.data, fb->draw_temp, tensor_nbytes(&temp));
+        backend_upload(b, u.data, fb->draw_u, tensor_nbytes(&u));
+        op_logit_draw(b, &draw_ids, &draw_margin, full, &temp, &u);
+    }
+    if (fb->top_k > 0) op_topk(b, &top_v, &top_i, full);
+    else op_argmax(b, &ids_dev, full);
+    if (fb->n_edits == 0) {
+        backend_download(b, &ss, m->ws.logits_ss.data, sizeof ss);
+        if (!isfinite(ss)) return 0;
+    }
+    if (fb->top_k > 0) {
+        backend_download(b, fb->top_values, top_v.data, tensor_nbytes(&top_v));
+        backend_download(b, fb->top_ids, top_i.data, tensor_nbytes(&top_i));
+        if (fb->top_mass) backend_download(b, fb->top_mass, mass.data, tensor_nbytes(&mass));
+        if (fb->draw_ids) {
+            backend_download(b, fb->draw_ids, draw_ids.data, tensor_nbytes(&draw_ids));
+            backend_download(b, fb->draw_margin, draw_margin.data, tensor_nbytes(&draw_margin));
+        }
+    } else
+        backend_download(b, fb->greedy_ids, ids_dev.data, tensor_nbytes(&ids_dev));
+    *fb->greedy_done = 1;
+    return 1;
+}
+
 static enum status forward_step(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
                                 float *logits)
 {
@@ -470,62 +559,22 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
     }
     const int64_t V = fb->head ? tensor_rows(fb->head) : m->cfg.vocab_size;
     if (fb->greedy_done) *fb->greedy_done = 0;
+    m->ws.logits_edited = 0;
     if ((fb->greedy_ids || fb->top_k > 0) && tensor_cols(&full) == V) {
-        CHECK(fb->top_k <= tensor_cols(&m->ws.top_ids), "forward batch: top_k %d of at most %lld", fb->top_k,
-              (long long)tensor_cols(&m->ws.top_ids));
-        struct tensor ids_dev = tensor_first_rows(&m->ws.greedy_ids, fb->n_logits);
-        struct tensor top_v = tensor_make(m->ws.top_values.data, DTYPE_F32, b->device, 2, (int64_t)fb->n_logits, fb->top_k);
-        struct tensor top_i = tensor_make(m->ws.top_ids.data, DTYPE_I32, b->device, 2, (int64_t)fb->n_logits, fb->top_k);
-        float ss = 0.0f;
-        backend_memset_zero(b, m->ws.logits_ss.data, sizeof ss);
-        op_sum_squares(b, &m->ws.logits_ss, &full);
-        struct tensor mass = tensor_first_rows(&m->ws.top_mass, fb->n_logits);
-        if (fb->top_k > 0 && fb->top_mass) {
-            struct tensor inv_temp = tensor_first_rows(&m->ws.top_inv_temp, fb->n_logits);
-            backend_upload(b, inv_temp.data, fb->top_inv_temp, tensor_nbytes(&inv_temp));
-            op_logit_mass(b, &mass, &full, &inv_temp);
-        }
-        struct tensor draw_ids = tensor_first_rows(&m->ws.draw_ids, fb->n_logits);
-        struct tensor draw_margin = tensor_first_rows(&m->ws.draw_margin, fb->n_logits);
-        if (fb->top_k > 0 && fb->draw_ids) {
-            struct tensor temp = tensor_first_rows(&m->ws.draw_temp, fb->n_logits);
-            struct tensor u = tensor_first_rows(&m->ws.draw_u, fb->n_logits);
-            backend_upload(b, temp.data, fb->draw_temp, tensor_nbytes(&temp));
-            backend_upload(b, u.data, fb->draw_u, tensor_nbytes(&u));
-            op_logit_draw(b, &draw_ids, &draw_margin, &full, &temp, &u);
-        }
-        if (fb->top_k > 0) op_topk(b, &top_v, &top_i, &full);
-        else op_argmax(b, &ids_dev, &full);
-        backend_download(b, &ss, m->ws.logits_ss.data, sizeof ss);
-        if (isfinite(ss)) {
-            if (fb->top_k > 0) {
-                backend_download(b, fb->top_values, top_v.data, tensor_nbytes(&top_v));
-                backend_download(b, fb->top_ids, top_i.data, tensor_nbytes(&top_i));
-                if (fb->top_mass) backend_download(b, fb->top_mass, mass.data, tensor_nbytes(&mass));
-                if (fb->draw_ids) {
-                    backend_download(b, fb->draw_ids, draw_ids.data, tensor_nbytes(&draw_ids));
-                    backend_download(b, fb->draw_margin, draw_margin.data, tensor_nbytes(&draw_margin));
-                }
-            } else
-                backend_download(b, fb->greedy_ids, ids_dev.data, tensor_nbytes(&ids_dev));
-            *fb->greedy_done = 1;
-            return STATUS_OK;
-        }
+        const int done = sample_on_device(m, fb, &full);
+        if (done < 0) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of device memory for %d logit edits",
+                                           fb->n_edits);
+        if (done) return STATUS_OK;
     }
-    const struct tensor *host_src = &full;
-    struct tensor lg32 = tensor_make(m->ws.logits_f32.data, DTYPE_F32, b->device, 2, (int64_t)fb->n_logits,
-                                     tensor_cols(&full));
-    if (m->dtype != DTYPE_F32) {
-        op_cast(b, &lg32, &full);
-        host_src = &lg32;
-    }
-    const int64_t width = tensor_cols(host_src);
+    const float *host_src = f32_rows(m, &full, 0, fb->n_logits);
+    const int64_t width = tensor_cols(&full);
+    const size_t bytes = (size_t)fb->n_logits * (size_t)width * sizeof(float);
     if (width == V) {
-        backend_download(b, logits, host_src->data, tensor_nbytes(host_src));
+        backend_download(b, logits, host_src, bytes);
         return STATUS_OK;
     }
     /* Drop the zero rows that padded the vocabulary to a multiple of tp. */
-    backend_download(b, m->ws.host_logits, host_src->data, tensor_nbytes(host_src));
+    backend_download(b, m->ws.host_logits, host_src, bytes);
     for (int i = 0; i < fb->n_logits; i++)
         memcpy(logits + (size_t)i * (size_t)V, m->ws.host_logits + (size_t)i * (size_t)width, (size_t)V * sizeof *logits);
     return STATUS_OK;
@@ -549,20 +598,14 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
 
 enum status model_logits_row(struct model *m, int row, float *out)
 {
-    struct backend *b = m->b;
     const struct tensor *full = m->tp_size > 1 ? &m->ws.logits_full : &m->ws.logits;
     const int64_t V = m->cfg.vocab_size, cols = tensor_cols(full);
     CHECK(cols == V && row >= 0 && row < tensor_rows(full), "model_logits_row: row %d of %lld x %lld logits", row,
           (long long)tensor_rows(full), (long long)cols);
-    const struct tensor src = tensor_make((char *)full->data + (size_t)row * (size_t)cols * dtype_size(full->dtype),
-                                          full->dtype, b->device, 2, (int64_t)1, cols);
-    if (src.dtype == DTYPE_F32) {
-        backend_download(b, out, src.data, (size_t)V * sizeof *out);
-        return STATUS_OK;
-    }
-    const struct tensor f32 = tensor_make(m->ws.logits_f32.data, DTYPE_F32, b->device, 2, (int64_t)1, cols);
-    op_cast(b, &f32, &src);
-    backend_download(b, out, f32.data, (size_t)V * sizeof *out);
+    const float *src = m->ws.logits_edited && full->dtype != DTYPE_F32 /* the step's rows, edited in f32 */
+                           ? (const float *)m->ws.logits_f32.data + (size_t)row * (size_t)cols
+                           : f32_rows(m, full, row, 1);
+    backend_download(m->b, out, src, (size_t)V * sizeof *out);
     return STATUS_OK;
 }
 

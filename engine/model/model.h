@@ -69,6 +69,10 @@ struct model_workspace {
     struct tensor top_values, top_ids; /* f32 / i32 (max_logits, MODEL_MAX_TOP_K or the vocabulary) */
     struct tensor top_inv_temp, top_mass; /* f32 (max_logits): forward_batch.top_inv_temp, top_mass */
     struct tensor draw_temp, draw_u, draw_ids, draw_margin; /* (max_logits): forward_batch.draw_* */
+    void  *edits;                  /* forward_batch's edits on the device (rows, ids, vals), grown as asked */
+    size_t edits_bytes;
+    int    logits_edited;          /* the last step's logits rows were edited: logits_f32 holds them (dtype
+                                      != f32), or the logits themselves (f32) */
     struct tensor logits_ss;       /* f32 (1): sum of squares of the logits (a finiteness check) */
     struct tensor lse;             /* f32 (max_tokens, heads_local): model_embed's attention statistics */
     struct tensor type_ids;        /* i32 (max_tokens), all 0: the one segment's token type (BERT) */
@@ -240,8 +244,10 @@ int model_owns(const struct model *m, const void *p);
 enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max_blocks,
                           int max_logits);
 
-/* The most top candidates a step may ask the device for (forward_batch.top_k). */
+/* The most top candidates a step may ask the device for (forward_batch.top_k), and how many a row
+ * of a vocabulary of vocab_size brings (fewer where the vocabulary is smaller). */
 #define MODEL_MAX_TOP_K 64
+static inline int model_top_width(int vocab_size) { return vocab_size < MODEL_MAX_TOP_K ? vocab_size : MODEL_MAX_TOP_K; }
 
 /* One engine step, described in host memory by the caller. */
 struct forward_batch {
@@ -285,6 +291,14 @@ struct forward_batch {
     const float *draw_temp, *draw_u;
     int32_t     *draw_ids;
     float       *draw_margin;
+    /* Edits of single logits before any of the above (op_logit_edit: a logit bias, banned ids,
+     * penalties; host, n_edits entries: edit_rows i32 (logits rows), edit_ids i32, edit_vals f32
+     * (n_edits, 3)), made only over finite logits (a row with NaN or Inf goes to the host unedited,
+     * *greedy_done 0): the rows are then edited in f32 (a copy in logits_f32 when the model's dtype
+     * is not f32), and model_logits_row gives them edited. */
+    int            n_edits;
+    const int32_t *edit_rows, *edit_ids;
+    const float   *edit_vals;
     /* Another LM head instead of the model's (a draft's head over part of the vocabulary,
      * engine/serving/draft.c): (rows, d_model) in a dtype op_matmul takes as a weight, on the
      * model's backend; the logits are then (n_logits, rows), column j the head's row j. Only on

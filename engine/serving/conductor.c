@@ -365,10 +365,11 @@ static void take_intake(struct conductor *c)
     scheduler_drop_finished(sc);
 }
 
-/* How the planned step's logits rows may stay on the device: 2 when every sampled row is a plain
- * argmax (greedy, no penalty, no logit bias, no banned ids, no log-probabilities, one sample per
- * request), so the device picks the tokens; 1 when every sampled row is that or top_eligible, so
- * the device sends each row's top candidates; 0 when some row needs its whole row on the host. */
+/* How the planned step's logits rows may stay on the device: 2 when every sampled row is an argmax
+ * (greedy; no log-probabilities, constraint, one sample per request; a logit bias, banned ids and
+ * penalties are edited in on the device), so the device picks the tokens; 1 when every sampled row
+ * is that or top_eligible, so the device sends each row's top candidates; 0 when some row needs
+ * its whole row on the host. */
 static int step_device_sampling(const struct conductor *c)
 {
     const struct scheduler *sc = &c->sched;
@@ -381,7 +382,7 @@ static int step_device_sampling(const struct conductor *c)
         if (r->p.prompt_logprobs >= 0) return 0;
         if (!s->wants_sample) continue;
         if (!row_alone(s)) return 0;
-        if (sp->temperature != 0.0f || sampler_penalised(sp)) mode = top_eligible(c, s) ? 1 : 0;
+        if (sp->temperature != 0.0f) mode = top_eligible(c, s) ? 1 : 0;
     }
     return mode;
 }
@@ -401,18 +402,114 @@ static void top_requests(struct conductor *c)
     for (int i = 0; i < sc->n_running; i++) {
         const struct seq *s = sc->running[i];
         if (s->n_rows == 0 || s->state != SEQ_RUNNING || !s->wants_sample) continue;
-        const struct sampling_params *sp = &s->req->p.sampling;
+        const struct sampling_params sp = sampler_unpenalised(&s->req->p.sampling); /* (edited on the device) */
         const int row = s->logit_row;
-        if (sampler_nucleus_fits(sp)) {
-            c->top_inv_temp[row] = 1.0f / sp->temperature;
+        if (sampler_nucleus_fits(&sp)) {
+            c->top_inv_temp[row] = 1.0f / sp.temperature;
             c->step_mass = 1;
-        } else if (sampler_draw_fits(sp)) {
+        } else if (sampler_draw_fits(&sp)) {
             c->draw_rng[row] = s->rng;
             c->draw_u[row] = rng_uniform(&c->draw_rng[row]);
-            c->draw_temp[row] = sp->temperature;
+            c->draw_temp[row] = sp.temperature;
             c->step_draw = 1;
         }
     }
+}
+
+/* The entry of token id in the row being built (row_edits): found through c->edit_at, or a new one
+ * that changes nothing yet (add 0, rep 1, sub 0). -1 when out of memory. */
+static int edit_of(struct conductor *c, int row, int32_t id)
+{
+    if (c->edit_at[id] >= 0) return c->edit_at[id];
+    if (c->n_edits == c->edits_cap) {
+        const int cap = c->edits_cap ? 2 * c->edits_cap : 1024;
+        int32_t *rows = realloc(c->edit_rows, (size_t)cap * sizeof *rows);
+        if (rows) c->edit_rows = rows;
+        int32_t *ids = realloc(c->edit_ids, (size_t)cap * sizeof *ids);
+        if (ids) c->edit_ids = ids;
+        int32_t *count = realloc(c->edit_count, (size_t)cap * sizeof *count);
+        if (count) c->edit_count = count;
+        float *vals = realloc(c->edit_vals, 3 * (size_t)cap * sizeof *vals);
+        if (vals) c->edit_vals = vals;
+        if (!rows || !ids || !count || !vals) return -1;
+        c->edits_cap = cap;
+    }
+    const int e = c->n_edits++;
+    c->edit_rows[e] = row, c->edit_ids[e] = id, c->edit_count[e] = 0;
+    c->edit_vals[3 * e] = 0.0f, c->edit_vals[3 * e + 1] = 1.0f, c->edit_vals[3 * e + 2] = 0.0f;
+    c->edit_at[id] = e;
+    return e;
+}
+
+/* Appends the edits of s's logits row (row) as the host would make them: sampling_logits' logit
+ * bias and the ids banned before min_tokens (-inf), then the sampler's penalties (apply_penalties:
+ * repetition over the distinct tokens of prompt and output, presence and frequency over the
+ * output's, each count in f32 as there), one entry per token. Returns 0 when out of memory. */
+static int row_edits(struct conductor *c, const struct seq *s, int row)
+{
+    const struct request *r = s->req;
+    const struct sampling_params *p = &r->p.sampling;
+    const int V = c->m->cfg.vocab_size, eos = conductor_eos_id(c), first = c->n_edits;
+    const int32_t *out = s->tokens + r->n_prompt;
+    int ok = 1;
+    for (int i = 0; i < r->p.n_logit_bias && ok; i++) {
+        const int e = edit_of(c, row, r->bias_ids[i]);
+        if ((ok = e >= 0)) c->edit_vals[3 * e] = r->bias_values[i];
+    }
+    if (s->n_generated < r->p.min_tokens) {
+        for (int i = -1; i < r->p.n_stop_token_ids + r->p.n_end_ids && ok; i++) {
+            const int32_t id = i < 0 ? (r->p.ignore_eos ? -1 : eos)
+                             : i < r->p.n_stop_token_ids ? r->stop_ids[i]
+                             : r->p.ignore_eos ? -1 : r->p.end_ids[i - r->p.n_stop_token_ids];
+            if (id < 0 || id >= V) continue;
+            const int e = edit_of(c, row, id);
+            if ((ok = e >= 0)) c->edit_vals[3 * e] = -INFINITY;
+        }
+    }
+    if (p->repetition_penalty != 1.0f)
+        for (int pass = 0; pass < 2 && ok; pass++) {
+            const int32_t *ids = pass ? out : r->prompt;
+            const int n = pass ? s->n_generated : r->n_prompt;
+            for (int i = 0; i < n && ok; i++) {
+                if (ids[i] < 0 || ids[i] >= V) continue;
+                const int e = edit_of(c, row, ids[i]);
+                if ((ok = e >= 0)) c->edit_vals[3 * e + 1] = p->repetition_penalty;
+            }
+        }
+    if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
+        for (int i = 0; i < s->n_generated && ok; i++) {
+            if (out[i] < 0 || out[i] >= V) continue;
+            const int e = edit_of(c, row, out[i]);
+            if ((ok = e >= 0)) c->edit_count[e]++;
+        }
+        for (int e = first; e < c->n_edits && ok; e++)
+            if (c->edit_count[e] > 0)
+                c->edit_vals[3 * e + 2] = p->presence_penalty + p->frequency_penalty * (float)c->edit_count[e];
+    }
+    for (int e = first; e < c->n_edits; e++) c->edit_at[c->edit_ids[e]] = -1;
+    return ok;
+}
+
+/* The step's edits (c->n_edits): every sampled row of a sequence that needs them (seq_edited).
+ * Returns 0 when out of memory (the step then downloads its rows). */
+static int step_edits(struct conductor *c)
+{
+    const struct scheduler *sc = &c->sched;
+    c->n_edits = 0;
+    for (int i = 0; i < sc->n_running; i++) {
+        const struct seq *s = sc->running[i];
+        if (s->n_rows == 0 || s->state != SEQ_RUNNING || !s->wants_sample || !seq_edited(s)) continue;
+        if (!row_edits(c, s, s->logit_row)) {
+            c->n_edits = 0;
+            return 0;
+        }
+    }
+    if (c->n_edits && !c->edits_used) {
+        c->edits_used = 1;
+        LOG_INFO(MODULE, "a logit bias, banned ids or penalties were applied on the device (%d edits in a step)",
+                 c->n_edits);
+    }
+    return 1;
 }
 
 /* Step 3: the plan to every rank of the replica, then the forward pass over the planned rows. */
@@ -427,7 +524,9 @@ static enum status run_planned_step(struct conductor *c)
         st = plan_exchange(c, &ph);
         c->sched.n_copies = 0;
     }
-    const int dev = c->device_greedy ? step_device_sampling(c) : 0;
+    int dev = c->device_greedy ? step_device_sampling(c) : 0;
+    c->n_edits = 0;
+    if (dev && !step_edits(c)) dev = 0;
     c->step_greedy = dev > 0;
     c->step_top = dev == 1;
     c->step_mass = c->step_draw = 0;

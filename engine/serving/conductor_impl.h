@@ -136,6 +136,14 @@ struct conductor {
     int32_t *top_ids, *top_tok;
     int      step_draw, draw_used, draw_fetched;
     double   draw_tol;
+    /* Edits of single logits made on the device before all of it (op_logit_edit, row_edits): a
+     * row's logit bias, the ids banned before min_tokens, its penalties, one entry per (row, token):
+     * n_edits of them this step in edit_rows / edit_ids / edit_vals (edits_cap allocated); edit_at
+     * (vocab, -1 between rows) a token's entry in the row being built, edit_count its count in the
+     * output (frequency penalty); edits_used whether any step made any (logged once). */
+    int      n_edits, edits_cap, edits_used;
+    int32_t *edit_rows, *edit_ids, *edit_at, *edit_count;
+    float   *edit_vals;
     float   *draw_temp, *draw_u, *draw_margin;
     int32_t *draw_ids;
     struct rng *draw_rng;
@@ -194,6 +202,9 @@ int32_t     take_token(struct conductor *c, struct seq *s, const float *row, int
  * draw from the whole row, with nothing else read from the row: no logit bias, banned ids
  * (min_tokens), constraint or log-probabilities, one sample. */
 int         top_eligible(const struct conductor *c, const struct seq *s);
+/* Whether s's logits row needs edits before its sampler reads it (a logit bias, ids banned before
+ * min_tokens, a penalty): made on the device (row_edits) when its step samples there. */
+int         seq_edited(const struct seq *s);
 /* Its part that is not the sampler's: nothing but the row's logits and the sampler decide s's
  * token (no logit bias, banned ids, constraint or log-probabilities; one sample; a token wanted). */
 int         row_alone(const struct seq *s);

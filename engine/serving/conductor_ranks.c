@@ -103,6 +103,8 @@ enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logit
                                    .seq_row_path = b->row_path + s0};
         /* Workers never read their logits: they take the cheap path whenever it exists. */
         const int greedy = n_micro == 1 && (conductor_is_first_rank(c) ? c->step_greedy : c->device_greedy);
+        if (greedy && conductor_is_first_rank(c) && c->n_edits)
+            fb.n_edits = c->n_edits, fb.edit_rows = c->edit_rows, fb.edit_ids = c->edit_ids, fb.edit_vals = c->edit_vals;
         if (greedy && conductor_is_first_rank(c) && c->step_top) { /* (a worker's argmax is cheaper) */
             fb.top_k = c->top_k;
             fb.top_values = c->top_values;

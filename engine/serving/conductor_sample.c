@@ -105,20 +105,37 @@ int32_t sample_token(struct conductor *c, struct seq *s, const float *row)
 int row_alone(const struct seq *s)
 {
     const struct request *r = s->req;
-    return r->p.n_logit_bias == 0 && s->n_generated >= r->p.min_tokens && !r->grammar && r->p.logprobs < 0 &&
-           r->p.n == 1 && r->p.max_tokens > 0;
+    return !r->grammar && r->p.logprobs < 0 && r->p.n == 1 && r->p.max_tokens > 0 &&
+           r->p.sampling.repetition_penalty > 0.0f; /* (op_logit_edit's rep > 0) */
+}
+
+int seq_edited(const struct seq *s)
+{
+    const struct request *r = s->req;
+    return r->p.n_logit_bias > 0 || s->n_generated < r->p.min_tokens || sampler_penalised(&r->p.sampling);
 }
 
 int top_eligible(const struct conductor *c, const struct seq *s)
 {
-    const struct sampling_params *sp = &s->req->p.sampling;
-    return row_alone(s) && (sampler_top_exact(sp, c->top_k) || sampler_nucleus_fits(sp) || sampler_draw_fits(sp));
+    const struct sampling_params sp = sampler_unpenalised(&s->req->p.sampling); /* (edited on the device) */
+    return row_alone(s) && (sampler_top_exact(&sp, c->top_k) || sampler_nucleus_fits(&sp) || sampler_draw_fits(&sp));
+}
+
+/* take_token's path for a row edited on the device (op_logit_edit) and fetched whole: its bias,
+ * bans and penalties are in it already. */
+static int32_t take_edited(struct conductor *c, struct seq *s, const float *row)
+{
+    const int V = c->m->cfg.vocab_size;
+    float *lg = c->scratch + V;
+    memcpy(lg, row, (size_t)V * sizeof *lg);
+    struct sampling_params sp = sampler_unpenalised(&s->req->p.sampling);
+    return take_chosen(c, s, row, sampler_sample(&c->smp, &sp, &s->rng, lg, NULL, 0, NULL, 0));
 }
 
 int32_t take_top(struct conductor *c, struct seq *s, int lrow)
 {
     const size_t K = (size_t)c->top_k;
-    struct sampling_params sp = s->req->p.sampling;
+    struct sampling_params sp = sampler_unpenalised(&s->req->p.sampling); /* (edited on the device) */
     const float *values = c->top_values + (size_t)lrow * K;
     const int32_t *ids = c->top_ids + (size_t)lrow * K;
     const int draw = !sampler_top_exact(&sp, c->top_k) && !sampler_nucleus_fits(&sp); /* (sampler_draw_fits) */
@@ -127,7 +144,7 @@ int32_t take_top(struct conductor *c, struct seq *s, int lrow)
         tok = sampler_sample_top(&c->top_smp, &sp, &s->rng, values, ids, c->top_k, c->top_lg, c->top_tok);
     else if (!draw)
         tok = sampler_sample_nucleus(&sp, &s->rng, values, ids, c->top_k, c->top_mass[lrow], c->top_lg);
-    else if (c->draw_ids[lrow] >= 0 && c->draw_margin[lrow] >= c->draw_tol) {
+    else if (c->step_draw && c->draw_temp[lrow] > 0.0f && c->draw_ids[lrow] >= 0 && c->draw_margin[lrow] >= c->draw_tol) {
         tok = c->draw_ids[lrow];
         s->rng = c->draw_rng[lrow]; /* the uniform it drew is spent */
     }
@@ -149,7 +166,7 @@ int32_t take_top(struct conductor *c, struct seq *s, int lrow)
             finish_seq(c, s, FINISH_REASON_ERROR, st, status_message(), 0);
             return -1;
         }
-        return take_token(c, s, row, -1);
+        return seq_edited(s) ? take_edited(c, s, row) : take_token(c, s, row, -1);
     }
     return take_chosen(c, s, NULL, tok);
 }

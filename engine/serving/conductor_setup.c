@@ -75,7 +75,10 @@ static enum status load_model(struct conductor *c)
                                           &c->groups)) != STATUS_OK)
             return st;
     }
-    st = model_load(o->model_dir, c->b, multi ? &c->par : NULL, &c->m);
+    /* A test's: serving on the CPU in the GPU's bf16 (or f16) activations, logits included */
+    const char *dt = getenv("SHARDLM_TEST_SERVE_DTYPE");
+    const int dtype = !dt ? -1 : !strcmp(dt, "bf16") ? DTYPE_BF16 : !strcmp(dt, "f16") ? DTYPE_F16 : -1;
+    st = model_load_as(o->model_dir, c->b, multi ? &c->par : NULL, dtype, &c->m);
     if (st == STATUS_OK) st = generate_load_tokenizer(o->model_dir, c->m, &c->tok);
     if (multi) st = parallel_agree(o->world, st); /* every rank fails together, none waits alone */
     return st;
@@ -155,7 +158,7 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
                                          .policy = (enum scheduling_policy)o->scheduling};
     if ((st = scheduler_init(&c->sched, &c->cache, &so)) != STATUS_OK) goto fail;
     if ((st = sampler_init(&c->smp, cfg->vocab_size)) != STATUS_OK) goto fail;
-    c->top_k = cfg->vocab_size < MODEL_MAX_TOP_K ? cfg->vocab_size : MODEL_MAX_TOP_K;
+    c->top_k = model_top_width(cfg->vocab_size);
     if ((st = sampler_init(&c->top_smp, c->top_k)) != STATUS_OK) goto fail;
     const char *par_sampling = getenv("SHARDLM_PARALLEL_SAMPLING"); /* 0: every row on the engine thread */
     c->presample_off = par_sampling && !strcmp(par_sampling, "0");
@@ -198,9 +201,12 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->draw_margin = malloc((size_t)c->max_logits * sizeof *c->draw_margin);
     c->draw_ids = malloc((size_t)c->max_logits * sizeof *c->draw_ids);
     c->draw_rng = malloc((size_t)c->max_logits * sizeof *c->draw_rng);
+    c->edit_at = malloc(V * sizeof *c->edit_at);
+    if (c->edit_at)
+        for (size_t i = 0; i < V; i++) c->edit_at[i] = -1;
     if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows || !c->greedy_ids || !c->gmask || !c->top_values ||
         !c->top_ids || !c->top_lg || !c->top_tok || !c->top_inv_temp || !c->top_mass || !c->draw_temp || !c->draw_u ||
-        !c->draw_margin || !c->draw_ids || !c->draw_rng) {
+        !c->draw_margin || !c->draw_ids || !c->draw_rng || !c->edit_at) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
         goto fail;
     }
@@ -272,6 +278,11 @@ void conductor_free(struct conductor *c)
     free(c->draw_margin);
     free(c->draw_ids);
     free(c->draw_rng);
+    free(c->edit_at);
+    free(c->edit_rows);
+    free(c->edit_ids);
+    free(c->edit_vals);
+    free(c->edit_count);
     free(c->gmask);
     verify_free(c);
     grammar_cache_free(c->gcache);

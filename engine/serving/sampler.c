@@ -348,6 +348,13 @@ int sampler_penalised(const struct sampling_params *p)
     return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
 }
 
+struct sampling_params sampler_unpenalised(const struct sampling_params *p)
+{
+    struct sampling_params u = *p;
+    u.repetition_penalty = 1.0f, u.presence_penalty = 0.0f, u.frequency_penalty = 0.0f;
+    return u;
+}
+
 int sampler_top_exact(const struct sampling_params *p, int k)
 {
     return p->temperature > 0.0f && p->top_k >= 1 && p->top_k < k && !sampler_penalised(p);

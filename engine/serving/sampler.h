@@ -60,6 +60,9 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
 
 /* Whether a penalty (repetition, presence, frequency) reads the request's tokens. */
 int         sampler_penalised(const struct sampling_params *p);
+/* p without its penalties: what samples a row whose logits the penalties have already edited
+ * (op_logit_edit on the device). */
+struct sampling_params sampler_unpenalised(const struct sampling_params *p);
 /* Whether sampler_sample_top draws the very token sampler_sample draws from the whole row, for
  * every row, from the row's k largest logits: temperature > 0, 1 <= top_k < k, no penalty. (The
  * row's top_k most likely tokens are then among the k whatever else it holds, and every later

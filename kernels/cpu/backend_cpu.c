@@ -180,6 +180,7 @@ static const struct backend_ops cpu_backend_ops = {
     .topk = cpu_topk,
     .logit_mass = cpu_logit_mass,
     .logit_draw = cpu_logit_draw,
+    .logit_edit = cpu_logit_edit,
     .attention_train = cpu_attention_train,
     .attention_train_backward = cpu_attention_train_backward,
     .attention_sinks_backward = cpu_attention_sinks_backward,

@@ -1,7 +1,8 @@
 /* kernels/cpu/logit_mass.c - op_logit_mass on the CPU: per row, the sum of the sampler's weights
  * exp((x - max) w) within its floor ((x - max) w >= ln(1e-12)), in f64; and op_logit_draw, plain
  * temperature sampling's draw over a row: the token whose interval of cumulative weight holds u
- * times the total, and how far inside it lies.
+ * times the total, and how far inside it lies; op_logit_edit, a sampler's edits of single logits
+ * (bias, bans, penalties).
  * Tests: tests/test_ops.c (logit_mass and logit_draw cases), tests/test_sampler.c (logit_draw
  * against the host sampler's draws). */
 #include <math.h>
@@ -75,5 +76,25 @@ void cpu_logit_draw(struct backend *b, const struct tensor *ids, const struct te
                 break;
             }
         }
+    }
+}
+
+void cpu_logit_edit(struct backend *b, const struct tensor *x, const struct tensor *rows, const struct tensor *ids,
+                    const struct tensor *vals)
+{
+    (void)b;
+    const int64_t e = tensor_numel(ids), n = tensor_rows(x), v = tensor_cols(x);
+    const int32_t *r = rows->data, *id = ids->data;
+    const float *p = vals->data;
+    for (int64_t k = 0; k < e; k++) {
+        CHECK(r[k] >= 0 && r[k] < n && id[k] >= 0 && id[k] < v, "logit_edit: entry %lld at (%d, %d) outside (%lld, %lld)",
+              (long long)k, r[k], id[k], (long long)n, (long long)v);
+        const size_t at = (size_t)r[k] * (size_t)v + (size_t)id[k];
+        float l = dtype_load_f32(x->data, x->dtype, at);
+        const float add = p[3 * k], rep = p[3 * k + 1], sub = p[3 * k + 2];
+        if (add != 0.0f) l += add;
+        if (rep != 1.0f) l = l > 0 ? l / rep : l * rep;
+        l -= sub;
+        dtype_store_f32(x->data, x->dtype, at, l);
     }
 }

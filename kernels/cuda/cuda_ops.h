@@ -63,6 +63,8 @@ void cuda_logit_mass(struct backend *b, const struct tensor *mass, const struct 
                      const struct tensor *inv_temp);
 void cuda_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
                     const struct tensor *x, const struct tensor *temp, const struct tensor *u);
+void cuda_logit_edit(struct backend *b, const struct tensor *x, const struct tensor *rows,
+                    const struct tensor *ids, const struct tensor *vals);
 void cuda_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
                const struct tensor *x);
 

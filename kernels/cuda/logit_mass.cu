@@ -4,6 +4,7 @@
  * shuffle tree (the same bits on every run).
  * op_logit_draw: plain temperature sampling's draw over a row, the token whose interval of
  * cumulative weight (id order) holds u times the row's total, and how far inside it the target lies.
+ * op_logit_edit: a sampler's edits of single logits (bias, bans, penalties), one thread an entry.
  * Not here: sampling from the sum (engine/serving/sampler.c sampler_sample_nucleus), deciding
  * whether a draw's margin is wide enough (sampler_draw_decided).
  * Tests: tests/test_ops.c --backend cuda (logit_mass and logit_draw cases); written without a GPU,
@@ -157,5 +158,37 @@ void cuda_logit_draw(struct backend *b, const struct tensor *ids, const struct t
         logit_draw_kernel<T><<<(unsigned)n, DRAW_THREADS, 0, s->stream>>>(
             (int32_t *)ids->data, (float *)margin->data, (const T *)x->data, (const float *)temp->data,
             (const float *)u->data, v);
+        LAUNCH_CHECK());
+}
+
+/* One thread per entry; no (row, id) twice, so no two threads touch one element. The host's
+ * arithmetic, each step rounded on its own. */
+template <typename T>
+static __global__ void logit_edit_kernel(T *x, const int32_t *rows, const int32_t *ids, const float *vals, int64_t e,
+                                         int64_t n, int64_t v)
+{
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < e; k += (int64_t)gridDim.x * blockDim.x) {
+        const int32_t r = rows[k], id = ids[k];
+        if (r < 0 || r >= n || id < 0 || id >= v) __trap(); /* a caller bug (ops.h) */
+        T *at = x + (int64_t)r * v + id;
+        float l = cuda_load(at);
+        const float add = vals[3 * k], rep = vals[3 * k + 1], sub = vals[3 * k + 2];
+        if (add != 0.0f) l = __fadd_rn(l, add);
+        if (rep != 1.0f) l = l > 0.0f ? __fdiv_rn(l, rep) : __fmul_rn(l, rep);
+        cuda_store(at, __fsub_rn(l, sub));
+    }
+}
+
+/* x any float dtype (n, v); rows, ids i32 (e); vals f32 (e, 3). */
+void cuda_logit_edit(struct backend *b, const struct tensor *x, const struct tensor *rows, const struct tensor *ids,
+                     const struct tensor *vals)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    const int64_t e = tensor_numel(ids);
+    if (e == 0) return;
+    CUDA_DISPATCH_FLOAT(x->dtype, T,
+        logit_edit_kernel<T><<<cuda_blocks_for(e, CUDA_THREADS), CUDA_THREADS, 0, s->stream>>>(
+            (T *)x->data, (const int32_t *)rows->data, (const int32_t *)ids->data, (const float *)vals->data, e,
+            tensor_rows(x), tensor_cols(x));
         LAUNCH_CHECK());
 }

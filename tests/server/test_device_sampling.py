@@ -4,17 +4,21 @@ forced on the CPU here by SHARDLM_DEVICE_SAMPLING=1): a sampled request with no 
 bias, banned ids, constraint or log-probabilities takes its token from its row's 64 largest logits
 (1 <= top_k < 64), or from them and the row's mass (top_p and / or min_p without top_k; the whole
 row fetched where they cannot decide), or plain temperature sampling's draw made on the device
-(op_logit_draw; the whole row fetched where the draw lands too near its token's edge), and must
-take the very token the host's sampler takes from the whole row. A server with the path and one without get the same requests (seeded; llama.cpp's
+(op_logit_draw; the whole row fetched where the draw lands too near its token's edge), a logit
+bias, banned ids (min_tokens) and penalties edited into the row on the device first
+(op_logit_edit), and must take the very token the host's sampler takes from the whole row. A server with the path and one without get the same requests (seeded; llama.cpp's
 defaults top_k 40 / top_p 0.95 / min_p 0.05, a low temperature, top_k 63, top_p alone, min_p
-alone, a nucleus wider than 64 tokens, plain temperature hot and cool; beside them rows that take
-the whole row: top_k 64, penalties, logprobs; greedy rows), one at a time and all at once in mixed
+alone, a nucleus wider than 64 tokens, plain temperature hot and cool, penalties, a logit bias,
+min_tokens, greedy with penalties; beside them rows that take the whole row: top_k 64, logprobs;
+greedy rows), one at a time and all at once in mixed
 steps; every output must be equal, and the forced server's log must say that a row drew from the
 top candidates, that one was fetched whole, that a plain temperature row was drawn on the device
-with the exact tolerance (its weights the host's bits); the plain server's none of it. At one
+with the exact tolerance (its weights the host's bits), that edits were made there; the plain
+server's none of it. At one
 rank, at tp 2 (mpirun; skipped without it) with draws taken only 0.05 inside their token
-(SHARDLM_TEST_DRAW_TOL: many fetched, the random state rewound), and SmolLM2 (a 49,152-token
-vocabulary).
+(SHARDLM_TEST_DRAW_TOL: many fetched, the random state rewound), a tiny random model served in
+bf16 as on a GPU (SHARDLM_TEST_SERVE_DTYPE: its logits edited in an f32 copy), and SmolLM2 (a
+49,152-token vocabulary).
 
   test_device_sampling.py --shardlm BUILD/cli/shardlm --model DIR [--gguf SMOLLM2.gguf]
 SKIP (77) without the model or the Python client.
@@ -23,10 +27,13 @@ import argparse
 import concurrent.futures as cf
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 SKIP = 77
+ROOT = Path(__file__).resolve().parents[2]
 sys.dont_write_bytecode = True
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_server as TS  # noqa: E402
@@ -37,7 +44,8 @@ MARKS = {"top": "drew from the device's top 64 logits",
          "fetched": "nucleus reached past the device's top 64 logits",
          "drawn": "a plain temperature row was drawn on the device",
          "draw fetched": "a plain temperature draw on the device landed within",
-         "exact": "its weights are the host's bits"}
+         "exact": "its weights are the host's bits",
+         "edits": "banned ids or penalties were applied on the device"}
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "One day, a girl named Sue",
            "Tom found a box", "The cat sat on"]
@@ -56,7 +64,15 @@ CASES = [("top_k 40", dict(temperature=0.9, top_k=40), True),
          ("plain temperature", dict(temperature=1.0), True),
          ("plain, hot", dict(temperature=1.7), True),
          ("plain, cool", dict(temperature=0.5), True),
-         ("penalised", dict(temperature=0.8, top_k=40, presence_penalty=0.5), False),
+         ("penalised", dict(temperature=0.8, top_k=40, presence_penalty=0.5), True),
+         ("repetition penalty, plain", dict(temperature=1.0, repetition_penalty=1.3), True),
+         ("frequency and presence, top_p", dict(temperature=0.9, top_p=0.9, frequency_penalty=0.8,
+                                                presence_penalty=-0.3), True),
+         ("logit bias", dict(temperature=0.8, top_k=40, logit_bias={5: 3.0, 17: -2.5, 100: 4.0, 261: -100.0}), True),
+         ("min_tokens", dict(temperature=0.9, min_tokens=20, stop_token_ids=[13]), True),
+         ("logit bias, a nucleus past the 64", dict(temperature=1.5, top_p=0.999, logit_bias={5: 8.0, 261: -100.0}),
+          True),
+         ("greedy, penalised", dict(temperature=0, repetition_penalty=1.5, frequency_penalty=0.5), True),
          ("logprobs", dict(temperature=0.8, top_k=40, logprobs=2), False),
          ("greedy", dict(temperature=0), False)]
 
@@ -75,12 +91,15 @@ def run(srv, max_tokens, parallel):
         return dict(ex.map(one, jobs))
 
 
-def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True, draw_tol=None):
+def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True, draw_tol=None, dtype=None):
     runs, said = {}, {}
     for forced in (False, True):
         env = dict(os.environ)
         env.pop("SHARDLM_DEVICE_SAMPLING", None)
         env.pop("SHARDLM_TEST_DRAW_TOL", None)
+        env.pop("SHARDLM_TEST_SERVE_DTYPE", None)
+        if dtype:
+            env["SHARDLM_TEST_SERVE_DTYPE"] = dtype
         if forced:
             env["SHARDLM_DEVICE_SAMPLING"] = "1"
             if draw_tol:
@@ -102,7 +121,8 @@ def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True,
                 print(f"  {diff[0]!r}:\n    rows: {plain[(case, diff[0])]!r}\n    top:  {top[(case, diff[0])]!r}")
         distinct = len({runs[True][k][(CASES[0][0], p)] for p in PROMPTS})
         check(distinct > 1, f"{name}: sampled outputs differ between prompts ({distinct} distinct), {what}")
-    want = {"top": True, "fetched": True, "drawn": True, "draw fetched": bool(draw_tol), "exact": not draw_tol}
+    want = {"top": True, "fetched": True, "drawn": True, "draw fetched": bool(draw_tol), "exact": not draw_tol,
+            "edits": True}
     got = {k: said[True][k] for k in want if want[k] or k == "exact"}
     check(all(got[k] == want[k] for k in got) and not any(said[False].values()),
           f"{name}: the forced server's log says {', '.join(k for k in want if want[k])} ({got}); the plain "
@@ -125,6 +145,15 @@ def main():
                     draw_tol=0.05)
         else:
             print("note: no mpirun: tp 2 not run")
+        # bf16 activations and logits, as on a GPU (SHARDLM_TEST_SERVE_DTYPE): edited in an f32 copy on the
+        # device, the fetched rows read from it
+        tiny = Path(tempfile.mkdtemp(prefix="shardlm-devsamp-bf16-"))
+        try:
+            subprocess.run([sys.executable, str(ROOT / "tools/make_random_model.py"), "--out", str(tiny), "--preset",
+                            "tiny", "--dtype", "bf16", "--seed", "3"], check=True, capture_output=True, timeout=120)
+            compare(a, tiny, "tiny bf16", max_tokens=24, parallel=False, dtype="bf16")
+        finally:
+            shutil.rmtree(tiny, ignore_errors=True)
         if a.gguf and os.path.exists(a.gguf):
             # SmolLM2's blocks depend on a step's rows (test_speculative.py compare): one at a time
             compare(a, a.gguf, "smollm2", max_tokens=24, parallel=False)
