@@ -125,8 +125,9 @@ run_tests() {
   step "memcheck test_model phi3_lora" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$B/build/tests/test_model" cuda "$B/build/golden" phi3_lora
   local f # the decode-step kernels of 2026-12-04 (gemv, vector rmsnorm and argmax, rope over heads);
-  # logit_mass and logit_draw (sampled rows' top candidates and plain temperature draws, written after it)
-  for f in "matmul bf16" "matmul f16" rmsnorm argmax rope logit_mass logit_draw; do
+  # logit_mass, logit_draw and logit_edit (sampled rows' top candidates, plain temperature draws, penalties
+  # and logit bias; written after it)
+  for f in "matmul bf16" "matmul f16" rmsnorm argmax rope logit_mass logit_draw logit_edit; do
     step "memcheck test_ops ($f)" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$B/build/tests/test_ops" --backend cuda --filter "$f"
   done
