@@ -205,8 +205,9 @@ int         top_eligible(const struct conductor *c, const struct seq *s);
 /* Whether s's logits row needs edits before its sampler reads it (a logit bias, ids banned before
  * min_tokens, a penalty): made on the device (row_edits) when its step samples there. */
 int         seq_edited(const struct seq *s);
-/* Its part that is not the sampler's: nothing but the row's logits and the sampler decide s's
- * token (no logit bias, banned ids, constraint or log-probabilities; one sample; a token wanted). */
+/* Its part that is not the sampler's: nothing but the row's logits (edited: seq_edited) and the
+ * sampler decide s's token (no constraint or log-probabilities; not the row an n > 1 request's
+ * samples fork from; a token wanted; a repetition penalty, if any, above 0). */
 int         row_alone(const struct seq *s);
 /* take_token for a top_eligible s whose step brought top candidates: its token drawn from the
  * candidates of logits row lrow (c->top_values / c->top_ids, sampler_sample_top, or

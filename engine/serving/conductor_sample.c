@@ -105,7 +105,8 @@ int32_t sample_token(struct conductor *c, struct seq *s, const float *row)
 int row_alone(const struct seq *s)
 {
     const struct request *r = s->req;
-    return !r->grammar && r->p.logprobs < 0 && r->p.n == 1 && r->p.max_tokens > 0 &&
+    const int forks = s->sample == 0 && !r->forked && r->p.n > 1; /* its row gives every sample's first token */
+    return !r->grammar && r->p.logprobs < 0 && !forks && r->p.max_tokens > 0 &&
            r->p.sampling.repetition_penalty > 0.0f; /* (op_logit_edit's rep > 0) */
 }
 

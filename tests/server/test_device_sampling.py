@@ -9,7 +9,8 @@ bias, banned ids (min_tokens) and penalties edited into the row on the device fi
 (op_logit_edit), and must take the very token the host's sampler takes from the whole row. A server with the path and one without get the same requests (seeded; llama.cpp's
 defaults top_k 40 / top_p 0.95 / min_p 0.05, a low temperature, top_k 63, top_p alone, min_p
 alone, a nucleus wider than 64 tokens, plain temperature hot and cool, penalties, a logit bias,
-min_tokens, greedy with penalties; beside them rows that take the whole row: top_k 64, logprobs;
+min_tokens, greedy with penalties, n = 3 after its first token; beside them rows that take the
+whole row: top_k 64, logprobs;
 greedy rows), one at a time and all at once in mixed
 steps; every output must be equal, and the forced server's log must say that a row drew from the
 top candidates, that one was fetched whole, that a plain temperature row was drawn on the device
@@ -73,6 +74,7 @@ CASES = [("top_k 40", dict(temperature=0.9, top_k=40), True),
          ("logit bias, a nucleus past the 64", dict(temperature=1.5, top_p=0.999, logit_bias={5: 8.0, 261: -100.0}),
           True),
          ("greedy, penalised", dict(temperature=0, repetition_penalty=1.5, frequency_penalty=0.5), True),
+         ("n 3", dict(temperature=0.9, top_p=0.95, n=3), True),
          ("logprobs", dict(temperature=0.8, top_k=40, logprobs=2), False),
          ("greedy", dict(temperature=0), False)]
 
@@ -85,7 +87,7 @@ def run(srv, max_tokens, parallel):
         name, kw, p, seed = job
         with srv.client(timeout=120) as c:
             g = c.generate(p, max_tokens=max_tokens, seed=100 + seed, **kw)
-        return (name, p), g.text
+        return (name, p), " | ".join(x.text for x in g.completions) if len(g.completions) > 1 else g.text
 
     with cf.ThreadPoolExecutor(len(jobs) if parallel else 1) as ex:
         return dict(ex.map(one, jobs))
