@@ -569,3 +569,15 @@ void op_logit_edit(struct backend *b, const struct tensor *x, const struct tenso
     b->ops->logit_edit(b, x, rows, ids, vals);
     after_op(b);
 }
+
+void op_logit_mask(struct backend *b, const struct tensor *x, const struct tensor *rows, const struct tensor *mask)
+{
+    check_float(b, x, "logit_mask x");
+    check_i32(b, rows, "logit_mask rows");
+    check_i32(b, mask, "logit_mask mask");
+    CHECK(tensor_rows(mask) == tensor_numel(rows) && tensor_cols(mask) * 32 >= tensor_cols(x),
+          "logit_mask: rows %s mask %s x %s", DESC(rows), DESC(mask), DESC(x));
+    if (tensor_numel(rows) == 0) return;
+    b->ops->logit_mask(b, x, rows, mask);
+    after_op(b);
+}

@@ -230,6 +230,8 @@ struct backend_ops {
                        const struct tensor *x, const struct tensor *temp, const struct tensor *u);
     void (*logit_edit)(struct backend *b, const struct tensor *x, const struct tensor *rows,
                        const struct tensor *ids, const struct tensor *vals);
+    void (*logit_mask)(struct backend *b, const struct tensor *x, const struct tensor *rows,
+                       const struct tensor *mask);
 
     /* training attention (kernels/cpu/attention_train.c, kernels/cuda/attention_train.cu) */
     void (*attention_train)(struct backend *b, const struct tensor *out, const struct tensor *lse,
@@ -630,6 +632,12 @@ void op_logit_draw(struct backend *b, const struct tensor *ids, const struct ten
  * (e); no (row, id) twice; rep > 0. */
 void op_logit_edit(struct backend *b, const struct tensor *x, const struct tensor *rows, const struct tensor *ids,
                    const struct tensor *vals);
+
+/* A constraint's masks, in place: for each k, row rows[k] of x (n, v) keeps the logits whose bit
+ * of mask row k (i32 (m, words), words >= ceil(v / 32); bit j % 32 of word j / 32) is set and
+ * every other becomes -inf (a structured output's grammar, engine/serving/constraint.c). rows i32
+ * (m), distinct. */
+void op_logit_mask(struct backend *b, const struct tensor *x, const struct tensor *rows, const struct tensor *mask);
 
 /* ---- training attention ------------------------------------------------------------------ */
 

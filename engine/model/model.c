@@ -381,6 +381,47 @@ static const float *f32_rows(struct model *m, const struct tensor *x, int64_t fi
     return dst.data;
 }
 
+/* forward_batch's edits, then its masks, on the step's logits full, in f32 (a copy in logits_f32
+ * when they are not: *full then names it). Returns 0 when their device buffer could not grow. */
+static int edit_on_device(struct model *m, const struct forward_batch *fb, struct tensor *full)
+{
+    struct backend *b = m->b;
+    const size_t ne = (size_t)fb->n_edits * sizeof(int32_t), nm = (size_t)fb->n_masks * sizeof(int32_t);
+    const size_t nw = nm * (size_t)fb->mask_words, need = 5 * ne + nm + nw;
+    if (need > m->ws.edits_bytes) {
+        backend_free(b, m->ws.edits);
+        m->ws.edits = NULL, m->ws.edits_bytes = 0;
+        if (backend_alloc(b, need, &m->ws.edits) != STATUS_OK) return 0;
+        m->ws.edits_bytes = need;
+    }
+    if (full->dtype != DTYPE_F32) { /* edited as the host edits them: in f32 */
+        struct tensor lg32 = tensor_make(m->ws.logits_f32.data, DTYPE_F32, b->device, 2, tensor_rows(full),
+                                         tensor_cols(full));
+        op_cast(b, &lg32, full);
+        *full = lg32;
+    }
+    char *e = m->ws.edits;
+    struct tensor rows = tensor_make(e, DTYPE_I32, b->device, 1, (int64_t)fb->n_edits);
+    struct tensor ids = tensor_make(e + ne, DTYPE_I32, b->device, 1, (int64_t)fb->n_edits);
+    struct tensor vals = tensor_make(e + 2 * ne, DTYPE_F32, b->device, 2, (int64_t)fb->n_edits, (int64_t)3);
+    struct tensor mrows = tensor_make(e + 5 * ne, DTYPE_I32, b->device, 1, (int64_t)fb->n_masks);
+    struct tensor masks = tensor_make(e + 5 * ne + nm, DTYPE_I32, b->device, 2, (int64_t)fb->n_masks,
+                                      (int64_t)fb->mask_words);
+    if (fb->n_edits > 0) {
+        backend_upload(b, rows.data, fb->edit_rows, ne);
+        backend_upload(b, ids.data, fb->edit_ids, ne);
+        backend_upload(b, vals.data, fb->edit_vals, 3 * ne);
+        op_logit_edit(b, full, &rows, &ids, &vals);
+    }
+    if (fb->n_masks > 0) {
+        backend_upload(b, mrows.data, fb->mask_rows, nm);
+        backend_upload(b, masks.data, fb->masks, nw);
+        op_logit_mask(b, full, &mrows, &masks);
+    }
+    m->ws.logits_edited = 1;
+    return 1;
+}
+
 /* The device's share of sampling (forward_batch.greedy_ids / top_k): edits, then the argmax or
  * the top candidates with their masses and draws, downloaded. Returns 1 when done, 0 when a logit
  * is not finite (the caller downloads the rows, unedited), -1 when the edits found no memory. */
@@ -392,31 +433,11 @@ static int sample_on_device(struct model *m, const struct forward_batch *fb, str
     float ss = 0.0f;
     backend_memset_zero(b, m->ws.logits_ss.data, sizeof ss);
     op_sum_squares(b, &m->ws.logits_ss, full);
-    if (fb->n_edits > 0) { /* only over finite logits: else the host samples the rows as they came */
+    const int edited = fb->n_edits > 0 || fb->n_masks > 0;
+    if (edited) { /* only over finite logits: else the host samples the rows as they came */
         backend_download(b, &ss, m->ws.logits_ss.data, sizeof ss);
         if (!isfinite(ss)) return 0;
-        const size_t ni = (size_t)fb->n_edits * sizeof(int32_t), need = 2 * ni + 3 * ni;
-        if (need > m->ws.edits_bytes) {
-            backend_free(b, m->ws.edits);
-            m->ws.edits = NULL, m->ws.edits_bytes = 0;
-            if (backend_alloc(b, need, &m->ws.edits) != STATUS_OK) return -1;
-            m->ws.edits_bytes = need;
-        }
-        char *e = m->ws.edits;
-        struct tensor rows = tensor_make(e, DTYPE_I32, b->device, 1, (int64_t)fb->n_edits);
-        struct tensor ids = tensor_make(e + ni, DTYPE_I32, b->device, 1, (int64_t)fb->n_edits);
-        struct tensor vals = tensor_make(e + 2 * ni, DTYPE_F32, b->device, 2, (int64_t)fb->n_edits, (int64_t)3);
-        backend_upload(b, rows.data, fb->edit_rows, ni);
-        backend_upload(b, ids.data, fb->edit_ids, ni);
-        backend_upload(b, vals.data, fb->edit_vals, 3 * ni);
-        if (full->dtype != DTYPE_F32) { /* edited as the host edits them: in f32 */
-            struct tensor lg32 = tensor_make(m->ws.logits_f32.data, DTYPE_F32, b->device, 2, tensor_rows(full),
-                                             tensor_cols(full));
-            op_cast(b, &lg32, full);
-            *full = lg32;
-        }
-        op_logit_edit(b, full, &rows, &ids, &vals);
-        m->ws.logits_edited = 1;
+        if (!edit_on_device(m, fb, full)) return -1;
     }
     struct tensor ids_dev = tensor_first_rows(&m->ws.greedy_ids, fb->n_logits);
     struct tensor top_v = tensor_make(m->ws.top_values.data, DTYPE_F32, b->device, 2, (int64_t)fb->n_logits, fb->top_k);
@@ -438,7 +459,7 @@ static int sample_on_device(struct model *m, const struct forward_batch *fb, str
     }
     if (fb->top_k > 0) op_topk(b, &top_v, &top_i, full);
     else op_argmax(b, &ids_dev, full);
-    if (fb->n_edits == 0) {
+    if (!edited) {
         backend_download(b, &ss, m->ws.logits_ss.data, sizeof ss);
         if (!isfinite(ss)) return 0;
     }
@@ -562,8 +583,8 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
     m->ws.logits_edited = 0;
     if ((fb->greedy_ids || fb->top_k > 0) && tensor_cols(&full) == V) {
         const int done = sample_on_device(m, fb, &full);
-        if (done < 0) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of device memory for %d logit edits",
-                                           fb->n_edits);
+        if (done < 0) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of device memory for %d logit edits "
+                                           "and %d masks", fb->n_edits, fb->n_masks);
         if (done) return STATUS_OK;
     }
     const float *host_src = f32_rows(m, &full, 0, fb->n_logits);

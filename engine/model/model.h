@@ -69,7 +69,7 @@ struct model_workspace {
     struct tensor top_values, top_ids; /* f32 / i32 (max_logits, MODEL_MAX_TOP_K or the vocabulary) */
     struct tensor top_inv_temp, top_mass; /* f32 (max_logits): forward_batch.top_inv_temp, top_mass */
     struct tensor draw_temp, draw_u, draw_ids, draw_margin; /* (max_logits): forward_batch.draw_* */
-    void  *edits;                  /* forward_batch's edits on the device (rows, ids, vals), grown as asked */
+    void  *edits;                  /* forward_batch's edits and masks on the device, grown as asked */
     size_t edits_bytes;
     int    logits_edited;          /* the last step's logits rows were edited: logits_f32 holds them (dtype
                                       != f32), or the logits themselves (f32) */
@@ -299,6 +299,12 @@ struct forward_batch {
     int            n_edits;
     const int32_t *edit_rows, *edit_ids;
     const float   *edit_vals;
+    /* A constraint's masks after the edits (op_logit_mask), on the same terms: the logits rows
+     * mask_rows (host, n_masks, distinct) keep only the tokens whose bit is set in their row of
+     * masks (host, (n_masks, mask_words) words, bit j % 32 of word j / 32). */
+    int             n_masks, mask_words;
+    const int32_t  *mask_rows;
+    const uint32_t *masks;
     /* Another LM head instead of the model's (a draft's head over part of the vocabulary,
      * engine/serving/draft.c): (rows, d_model) in a dtype op_matmul takes as a weight, on the
      * model's backend; the logits are then (n_logits, rows), column j the head's row j. Only on

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "constraint.h"
 #include "generate.h"
 #include "grammar.h"
 #include "moe.h"
@@ -512,6 +513,64 @@ static int step_edits(struct conductor *c)
     return 1;
 }
 
+/* Whether id is banned from s's next token (sampling_logits: EOS, stop ids and end-of-turn ids
+ * before min_tokens). */
+static int banned(const struct conductor *c, const struct seq *s, int32_t id)
+{
+    const struct request *r = s->req;
+    if (s->n_generated >= r->p.min_tokens) return 0;
+    if (!r->p.ignore_eos && id == conductor_eos_id(c)) return 1;
+    for (int i = 0; i < r->p.n_stop_token_ids; i++)
+        if (r->stop_ids[i] == id) return 1;
+    for (int i = 0; i < r->p.n_end_ids && !r->p.ignore_eos; i++)
+        if (r->p.end_ids[i] == id) return 1;
+    return 0;
+}
+
+/* The step's constraint masks (c->n_masks): every sampled row of a constrained sequence whose
+ * constraint masks this token (constraint_fill_mask; a lazy one before its trigger does not).
+ * Returns 0 when the step must sample on the host instead, which then reports what went wrong: a
+ * mask failed (the grammar too ambiguous, memory), or it allows no token that is not banned
+ * (constraint_mask's "no token continues": the logits are finite, a bias is, so a token is out
+ * only where it is banned). */
+static int step_masks(struct conductor *c)
+{
+    const struct scheduler *sc = &c->sched;
+    const int V = c->m->cfg.vocab_size, words = (V + 31) / 32;
+    c->n_masks = 0;
+    for (int i = 0; i < sc->n_running; i++) {
+        struct seq *s = sc->running[i];
+        if (s->n_rows == 0 || s->state != SEQ_RUNNING || !s->wants_sample || !s->req->grammar) continue;
+        if (c->n_masks == c->masks_cap) {
+            const int cap = c->masks_cap ? 2 * c->masks_cap : 8;
+            int32_t *rows = realloc(c->mask_rows, (size_t)cap * sizeof *rows);
+            if (rows) c->mask_rows = rows;
+            uint32_t *masks = realloc(c->masks, (size_t)cap * (size_t)words * sizeof *masks);
+            if (masks) c->masks = masks;
+            if (!rows || !masks) return 0;
+            c->masks_cap = cap;
+        }
+        uint32_t *mask = c->masks + (size_t)c->n_masks * (size_t)words;
+        memset(mask, 0, (size_t)words * sizeof *mask);
+        const int got = constraint_fill_mask(s, mask);
+        if (got < 0) return 0;
+        if (got == 0) continue; /* free this token */
+        int any = 0;
+        for (int w = 0; w < words && !any; w++)
+            for (uint32_t m = mask[w]; m && !any; m &= m - 1) {
+                const int32_t id = w * 32 + __builtin_ctz(m);
+                any = id < V && !banned(c, s, id);
+            }
+        if (!any) return 0;
+        c->mask_rows[c->n_masks++] = s->logit_row;
+    }
+    if (c->n_masks && !c->masks_used) {
+        c->masks_used = 1;
+        LOG_INFO(MODULE, "a constraint's mask was applied on the device (%d rows in a step)", c->n_masks);
+    }
+    return 1;
+}
+
 /* Step 3: the plan to every rank of the replica, then the forward pass over the planned rows. */
 static enum status run_planned_step(struct conductor *c)
 {
@@ -525,8 +584,8 @@ static enum status run_planned_step(struct conductor *c)
         c->sched.n_copies = 0;
     }
     int dev = c->device_greedy ? step_device_sampling(c) : 0;
-    c->n_edits = 0;
-    if (dev && !step_edits(c)) dev = 0;
+    c->n_edits = c->n_masks = 0;
+    if (dev && (!step_edits(c) || !step_masks(c))) dev = 0, c->n_edits = c->n_masks = 0;
     c->step_greedy = dev > 0;
     c->step_top = dev == 1;
     c->step_mass = c->step_draw = 0;

@@ -144,6 +144,12 @@ struct conductor {
     int      n_edits, edits_cap, edits_used;
     int32_t *edit_rows, *edit_ids, *edit_at, *edit_count;
     float   *edit_vals;
+    /* Constraints' masks made on the device after the edits (op_logit_mask, step_masks): n_masks
+     * rows this step, mask_rows their logits rows, masks their bits ((vocab + 31) / 32 words each,
+     * masks_cap rows allocated); masks_used whether any step made any (logged once). */
+    int       n_masks, masks_cap, masks_used;
+    int32_t  *mask_rows;
+    uint32_t *masks;
     float   *draw_temp, *draw_u, *draw_margin;
     int32_t *draw_ids;
     struct rng *draw_rng;
@@ -205,9 +211,9 @@ int         top_eligible(const struct conductor *c, const struct seq *s);
 /* Whether s's logits row needs edits before its sampler reads it (a logit bias, ids banned before
  * min_tokens, a penalty): made on the device (row_edits) when its step samples there. */
 int         seq_edited(const struct seq *s);
-/* Its part that is not the sampler's: nothing but the row's logits (edited: seq_edited) and the
- * sampler decide s's token (no constraint or log-probabilities; not the row an n > 1 request's
- * samples fork from; a token wanted; a repetition penalty, if any, above 0). */
+/* Its part that is not the sampler's: nothing but the row's logits (edited: seq_edited; masked by
+ * its constraint: step_masks) and the sampler decide s's token (no log-probabilities; not the row
+ * an n > 1 request's samples fork from; a token wanted; a repetition penalty, if any, above 0). */
 int         row_alone(const struct seq *s);
 /* take_token for a top_eligible s whose step brought top candidates: its token drawn from the
  * candidates of logits row lrow (c->top_values / c->top_ids, sampler_sample_top, or

@@ -105,6 +105,9 @@ enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logit
         const int greedy = n_micro == 1 && (conductor_is_first_rank(c) ? c->step_greedy : c->device_greedy);
         if (greedy && conductor_is_first_rank(c) && c->n_edits)
             fb.n_edits = c->n_edits, fb.edit_rows = c->edit_rows, fb.edit_ids = c->edit_ids, fb.edit_vals = c->edit_vals;
+        if (greedy && conductor_is_first_rank(c) && c->n_masks)
+            fb.n_masks = c->n_masks, fb.mask_rows = c->mask_rows, fb.masks = c->masks,
+            fb.mask_words = (c->m->cfg.vocab_size + 31) / 32;
         if (greedy && conductor_is_first_rank(c) && c->step_top) { /* (a worker's argmax is cheaper) */
             fb.top_k = c->top_k;
             fb.top_values = c->top_values;

@@ -70,6 +70,7 @@ void conductor_lazy_setup(struct conductor *c, struct request *r, const struct r
 int32_t take_token(struct conductor *c, struct seq *s, const float *row, int32_t greedy_id)
 {
     const int eos = conductor_eos_id(c);
+    if (greedy_id >= 0 && s->req->grammar) return take_chosen(c, s, row, greedy_id); /* its constraint takes it too */
     if (greedy_id >= 0) { /* picked on the device (step_device_sampling); every logit was finite */
         size_t text_len = 0;
         enum finish_reason why = request_take_token(s, greedy_id, eos, c->m->cfg.max_positions, NULL, NULL, 0, &text_len);
@@ -106,7 +107,7 @@ int row_alone(const struct seq *s)
 {
     const struct request *r = s->req;
     const int forks = s->sample == 0 && !r->forked && r->p.n > 1; /* its row gives every sample's first token */
-    return !r->grammar && r->p.logprobs < 0 && !forks && r->p.max_tokens > 0 &&
+    return r->p.logprobs < 0 && !forks && r->p.max_tokens > 0 &&
            r->p.sampling.repetition_penalty > 0.0f; /* (op_logit_edit's rep > 0) */
 }
 
@@ -122,8 +123,8 @@ int top_eligible(const struct conductor *c, const struct seq *s)
     return row_alone(s) && (sampler_top_exact(&sp, c->top_k) || sampler_nucleus_fits(&sp) || sampler_draw_fits(&sp));
 }
 
-/* take_token's path for a row edited on the device (op_logit_edit) and fetched whole: its bias,
- * bans and penalties are in it already. */
+/* take_token's path for a row edited on the device (op_logit_edit, op_logit_mask) and fetched
+ * whole: its bias, bans, penalties and constraint's mask are in it already. */
 static int32_t take_edited(struct conductor *c, struct seq *s, const float *row)
 {
     const int V = c->m->cfg.vocab_size;
@@ -167,7 +168,7 @@ int32_t take_top(struct conductor *c, struct seq *s, int lrow)
             finish_seq(c, s, FINISH_REASON_ERROR, st, status_message(), 0);
             return -1;
         }
-        return seq_edited(s) ? take_edited(c, s, row) : take_token(c, s, row, -1);
+        return seq_edited(s) || s->req->grammar ? take_edited(c, s, row) : take_token(c, s, row, -1);
     }
     return take_chosen(c, s, NULL, tok);
 }

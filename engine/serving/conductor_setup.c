@@ -283,6 +283,8 @@ void conductor_free(struct conductor *c)
     free(c->edit_ids);
     free(c->edit_vals);
     free(c->edit_count);
+    free(c->mask_rows);
+    free(c->masks);
     free(c->gmask);
     verify_free(c);
     grammar_cache_free(c->gcache);

@@ -154,6 +154,8 @@ void cpu_logit_draw(struct backend *b, const struct tensor *ids, const struct te
                    const struct tensor *x, const struct tensor *temp, const struct tensor *u);
 void cpu_logit_edit(struct backend *b, const struct tensor *x, const struct tensor *rows,
                    const struct tensor *ids, const struct tensor *vals);
+void cpu_logit_mask(struct backend *b, const struct tensor *x, const struct tensor *rows,
+                   const struct tensor *mask);
 void cpu_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
               const struct tensor *x);
 

@@ -2,7 +2,7 @@
  * exp((x - max) w) within its floor ((x - max) w >= ln(1e-12)), in f64; and op_logit_draw, plain
  * temperature sampling's draw over a row: the token whose interval of cumulative weight holds u
  * times the total, and how far inside it lies; op_logit_edit, a sampler's edits of single logits
- * (bias, bans, penalties).
+ * (bias, bans, penalties); op_logit_mask, a constraint's masks.
  * Tests: tests/test_ops.c (logit_mass and logit_draw cases), tests/test_sampler.c (logit_draw
  * against the host sampler's draws). */
 #include <math.h>
@@ -96,5 +96,20 @@ void cpu_logit_edit(struct backend *b, const struct tensor *x, const struct tens
         if (rep != 1.0f) l = l > 0 ? l / rep : l * rep;
         l -= sub;
         dtype_store_f32(x->data, x->dtype, at, l);
+    }
+}
+
+void cpu_logit_mask(struct backend *b, const struct tensor *x, const struct tensor *rows, const struct tensor *mask)
+{
+    const int64_t m = tensor_numel(rows), n = tensor_rows(x), v = tensor_cols(x), words = tensor_cols(mask);
+    const int32_t *r = rows->data;
+    const uint32_t *bits = mask->data;
+    for (int64_t k = 0; k < m; k++)
+        CHECK(r[k] >= 0 && r[k] < n, "logit_mask: row %d of %lld", r[k], (long long)n);
+    #pragma omp parallel for schedule(static) if (m * v > CPU_PARALLEL_MIN) num_threads(b->n_threads)
+    for (int64_t k = 0; k < m; k++) {
+        const uint32_t *mk = bits + (size_t)k * (size_t)words;
+        for (int64_t j = 0; j < v; j++)
+            if (!(mk[j >> 5] >> (j & 31) & 1)) dtype_store_f32(x->data, x->dtype, (size_t)r[k] * (size_t)v + (size_t)j, -INFINITY);
     }
 }

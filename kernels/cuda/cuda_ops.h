@@ -65,6 +65,8 @@ void cuda_logit_draw(struct backend *b, const struct tensor *ids, const struct t
                     const struct tensor *x, const struct tensor *temp, const struct tensor *u);
 void cuda_logit_edit(struct backend *b, const struct tensor *x, const struct tensor *rows,
                     const struct tensor *ids, const struct tensor *vals);
+void cuda_logit_mask(struct backend *b, const struct tensor *x, const struct tensor *rows,
+                    const struct tensor *mask);
 void cuda_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
                const struct tensor *x);
 

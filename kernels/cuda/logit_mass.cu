@@ -5,6 +5,7 @@
  * op_logit_draw: plain temperature sampling's draw over a row, the token whose interval of
  * cumulative weight (id order) holds u times the row's total, and how far inside it the target lies.
  * op_logit_edit: a sampler's edits of single logits (bias, bans, penalties), one thread an entry.
+ * op_logit_mask: a constraint's masks, a block per masked row.
  * Not here: sampling from the sum (engine/serving/sampler.c sampler_sample_nucleus), deciding
  * whether a draw's margin is wide enough (sampler_draw_decided).
  * Tests: tests/test_ops.c --backend cuda (logit_mass and logit_draw cases); written without a GPU,
@@ -189,6 +190,32 @@ void cuda_logit_edit(struct backend *b, const struct tensor *x, const struct ten
     CUDA_DISPATCH_FLOAT(x->dtype, T,
         logit_edit_kernel<T><<<cuda_blocks_for(e, CUDA_THREADS), CUDA_THREADS, 0, s->stream>>>(
             (T *)x->data, (const int32_t *)rows->data, (const int32_t *)ids->data, (const float *)vals->data, e,
+            tensor_rows(x), tensor_cols(x));
+        LAUNCH_CHECK());
+}
+
+/* One block per masked row (distinct rows), its threads over the row's logits. */
+template <typename T>
+static __global__ void logit_mask_kernel(T *x, const int32_t *rows, const uint32_t *mask, int64_t words, int64_t n,
+                                         int64_t v)
+{
+    const int32_t r = rows[blockIdx.x];
+    if (r < 0 || r >= n) __trap(); /* a caller bug (ops.h) */
+    const uint32_t *mk = mask + (int64_t)blockIdx.x * words;
+    T *xr = x + (int64_t)r * v;
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
+        if (!(mk[j >> 5] >> (j & 31) & 1u)) cuda_store(xr + j, -INFINITY);
+}
+
+/* x any float dtype (n, v); rows i32 (m); mask i32 (m, words). */
+void cuda_logit_mask(struct backend *b, const struct tensor *x, const struct tensor *rows, const struct tensor *mask)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    const int64_t m = tensor_numel(rows);
+    if (m == 0) return;
+    CUDA_DISPATCH_FLOAT(x->dtype, T,
+        logit_mask_kernel<T><<<(unsigned)m, CUDA_THREADS, 0, s->stream>>>(
+            (T *)x->data, (const int32_t *)rows->data, (const uint32_t *)mask->data, tensor_cols(mask),
             tensor_rows(x), tensor_cols(x));
         LAUNCH_CHECK());
 }

@@ -6,15 +6,17 @@ bias, banned ids, constraint or log-probabilities takes its token from its row's
 row fetched where they cannot decide), or plain temperature sampling's draw made on the device
 (op_logit_draw; the whole row fetched where the draw lands too near its token's edge), a logit
 bias, banned ids (min_tokens) and penalties edited into the row on the device first
-(op_logit_edit), and must take the very token the host's sampler takes from the whole row. A server with the path and one without get the same requests (seeded; llama.cpp's
+(op_logit_edit), a structured output's mask after them (op_logit_mask), and must take the very
+token the host's sampler takes from the whole row. A server with the path and one without get the same requests (seeded; llama.cpp's
 defaults top_k 40 / top_p 0.95 / min_p 0.05, a low temperature, top_k 63, top_p alone, min_p
 alone, a nucleus wider than 64 tokens, plain temperature hot and cool, penalties, a logit bias,
-min_tokens, greedy with penalties, n = 3 after its first token; beside them rows that take the
+min_tokens, greedy with penalties, n = 3 after its first token, a JSON schema, a regex (greedy), a
+choice; beside them rows that take the
 whole row: top_k 64, logprobs;
 greedy rows), one at a time and all at once in mixed
 steps; every output must be equal, and the forced server's log must say that a row drew from the
 top candidates, that one was fetched whole, that a plain temperature row was drawn on the device
-with the exact tolerance (its weights the host's bits), that edits were made there; the plain
+with the exact tolerance (its weights the host's bits), that edits and masks were made there; the plain
 server's none of it. At one
 rank, at tp 2 (mpirun; skipped without it) with draws taken only 0.05 inside their token
 (SHARDLM_TEST_DRAW_TOL: many fetched, the random state rewound), a tiny random model served in
@@ -46,7 +48,8 @@ MARKS = {"top": "drew from the device's top 64 logits",
          "drawn": "a plain temperature row was drawn on the device",
          "draw fetched": "a plain temperature draw on the device landed within",
          "exact": "its weights are the host's bits",
-         "edits": "banned ids or penalties were applied on the device"}
+         "edits": "banned ids or penalties were applied on the device",
+         "masks": "a constraint's mask was applied on the device"}
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "One day, a girl named Sue",
            "Tom found a box", "The cat sat on"]
@@ -75,6 +78,11 @@ CASES = [("top_k 40", dict(temperature=0.9, top_k=40), True),
           True),
          ("greedy, penalised", dict(temperature=0, repetition_penalty=1.5, frequency_penalty=0.5), True),
          ("n 3", dict(temperature=0.9, top_p=0.95, n=3), True),
+         ("json schema, top_p", dict(temperature=0.9, top_p=0.95, json_schema={
+             "type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+             "required": ["name", "age"]}), True),
+         ("regex, greedy", dict(temperature=0, regex="[a-z ]{5,30}\\."), True),
+         ("choice, plain temperature", dict(temperature=1.0, choice=["yes", "no", "maybe not"]), True),
          ("logprobs", dict(temperature=0.8, top_k=40, logprobs=2), False),
          ("greedy", dict(temperature=0), False)]
 
@@ -124,7 +132,7 @@ def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True,
         distinct = len({runs[True][k][(CASES[0][0], p)] for p in PROMPTS})
         check(distinct > 1, f"{name}: sampled outputs differ between prompts ({distinct} distinct), {what}")
     want = {"top": True, "fetched": True, "drawn": True, "draw fetched": bool(draw_tol), "exact": not draw_tol,
-            "edits": True}
+            "edits": True, "masks": True}
     got = {k: said[True][k] for k in want if want[k] or k == "exact"}
     check(all(got[k] == want[k] for k in got) and not any(said[False].values()),
           f"{name}: the forced server's log says {', '.join(k for k in want if want[k])} ({got}); the plain "
