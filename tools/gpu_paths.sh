@@ -112,19 +112,25 @@ try:
                {"min_p": 0.1, "temperature": 0.9}, {"top_p": 0.999, "temperature": 1.5}, {"temperature": 1.0},
                {"temperature": 1.7}, {"temperature": 0.9, "presence_penalty": 0.6, "frequency_penalty": 0.4},
                {"temperature": 0, "repetition_penalty": 1.4}, {"temperature": 1.5, "top_p": 0.999,
-                                                                "logit_bias": {"5": 8.0, "261": -100}}):
+                                                                "logit_bias": {"5": 8.0, "261": -100}},
+               {"temperature": 0.9, "top_p": 0.95, "n": 2},
+               {"temperature": 0.9, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+                   "type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                   "required": ["name", "age"]}}}},
+               {"temperature": 0, "response_format": {"type": "json_object"}}):
         for seed in range(4):
             body = dict(kw, prompt="Once upon a time", max_tokens=48, seed=seed)
-            a, b = (json.loads(post(body, at))["choices"][0]["text"] for at in (base, rows))
+            a, b = (" | ".join(ch["text"] for ch in json.loads(post(body, at))["choices"]) for at in (base, rows))
             same, total = same + (a == b), total + 1
     log = open(sys.argv[2]).read()
     drew = ("drew from the device's top" in log and "a plain temperature row was drawn on the device" in log and
-            "banned ids or penalties were applied on the device" in log)
+            "banned ids or penalties were applied on the device" in log and
+            "a constraint's mask was applied on the device" in log)
     exact = "its weights are the host's bits" in log
     check(same == total and drew, "HTTP sampled from the top 64 logits or drawn on the device = every row downloaded: "
           "%d of %d equal (top_k 40, top_p alone, min_p alone, a wide nucleus, plain temperature 1 and 1.7, penalties, "
-          "greedy with a repetition penalty, a logit bias); the log says rows drew from them, were drawn and edited "
-          "there: %s; the device's weights are the host's bits: %s"
+          "greedy with a repetition penalty, a logit bias, n 2, a JSON schema, a JSON object); the log says rows drew "
+          "from them, were drawn, edited and masked there: %s; the device's weights are the host's bits: %s"
           % (same, total, drew, exact))
 except Exception as e:
     check(False, "HTTP front: %r" % e)
