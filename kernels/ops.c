@@ -581,3 +581,15 @@ void op_logit_mask(struct backend *b, const struct tensor *x, const struct tenso
     b->ops->logit_mask(b, x, rows, mask);
     after_op(b);
 }
+
+void op_logit_lse(struct backend *b, const struct tensor *lse, const struct tensor *x, const struct tensor *want)
+{
+    check_float(b, x, "logit_lse x");
+    check_on(b, lse, "logit_lse lse");
+    check_on(b, want, "logit_lse want");
+    CHECK(lse->dtype == DTYPE_F32 && want->dtype == DTYPE_F32 && tensor_numel(lse) == tensor_rows(x) &&
+              tensor_numel(want) == tensor_rows(x),
+          "logit_lse: lse %s want %s x %s", DESC(lse), DESC(want), DESC(x));
+    b->ops->logit_lse(b, lse, x, want);
+    after_op(b);
+}

@@ -232,6 +232,7 @@ struct backend_ops {
                        const struct tensor *ids, const struct tensor *vals);
     void (*logit_mask)(struct backend *b, const struct tensor *x, const struct tensor *rows,
                        const struct tensor *mask);
+    void (*logit_lse)(struct backend *b, const struct tensor *lse, const struct tensor *x, const struct tensor *want);
 
     /* training attention (kernels/cpu/attention_train.c, kernels/cuda/attention_train.cu) */
     void (*attention_train)(struct backend *b, const struct tensor *out, const struct tensor *lse,
@@ -638,6 +639,13 @@ void op_logit_edit(struct backend *b, const struct tensor *x, const struct tenso
  * every other becomes -inf (a structured output's grammar, engine/serving/constraint.c). rows i32
  * (m), distinct. */
 void op_logit_mask(struct backend *b, const struct tensor *x, const struct tensor *rows, const struct tensor *mask);
+
+/* Log-probabilities' normaliser, per row i of x (n, v) where want[i] > 0 (f32 (n)): lse f32 (n) =
+ * (float)log(sum of the sampler's weights e^(x_ij - m)), m the row's largest value, the weights as
+ * the host sampler forms them (base_exp), summed in f64 (the CPU in the host's very order:
+ * engine/serving/sampler.c sampler_log_softmax); 0 where want[i] <= 0. A row's log-probabilities
+ * are then (x_ij - m) - lse. Rows holding NaN or Inf give unspecified values. */
+void op_logit_lse(struct backend *b, const struct tensor *lse, const struct tensor *x, const struct tensor *want);
 
 /* ---- training attention ------------------------------------------------------------------ */
 

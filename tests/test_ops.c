@@ -1323,6 +1323,86 @@ static void case_logit_edit(struct suite *s, enum dtype dt, int rows, int v_len)
     case_end(s, name, &v);
 }
 
+/* op_logit_lse (log-probabilities' normaliser on the device). Row i of kind i % 3: 0 N(0, 3); 1
+ * around 1e4; 2 not wanted (0). The reference: log of the double sum of e^(x - m); within 1e-6 of
+ * the larger of 1 and |lse| (the weights' f32 rounding, the f32 result). */
+static void case_logit_lse(struct suite *s, enum dtype dt, int rows, int v_len)
+{
+    char name[96];
+    snprintf(name, sizeof name, "logit_lse %s rows=%d v=%d", dtype_name(dt), rows, v_len);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_make(s, dt, (size_t)rows * v_len);
+    float *want = case_alloc(s, (size_t)rows, sizeof(float));
+    double *ref = case_alloc(s, (size_t)rows, sizeof(double)), *tol = case_alloc(s, (size_t)rows, sizeof(double));
+    for (int i = 0; i < rows; i++) {
+        want[i] = i % 3 == 2 ? 0.0f : 1.0f;
+        for (int j = 0; j < v_len; j++)
+            hbuf_set(&x, (size_t)i * v_len + j, i % 3 == 1 ? 1e4 + 3.0 * rng_normal(&r) : 3.0 * rng_normal(&r));
+        const double *xr = x.val + (size_t)i * v_len;
+        double m = -INFINITY, sum = 0.0;
+        for (int j = 0; j < v_len; j++) m = xr[j] > m ? xr[j] : m;
+        for (int j = 0; j < v_len; j++) sum += exp(xr[j] - m);
+        ref[i] = want[i] > 0.0f ? log(sum) : 0.0;
+        tol[i] = 1e-6 * (fabs(ref[i]) > 1.0 ? fabs(ref[i]) : 1.0);
+    }
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    float *bits = case_alloc(s, (size_t)rows, sizeof(float));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = arena_in(&a, "x", dt, S2(rows, v_len), x.bits);
+        struct tensor tw = arena_in(&a, "want", DTYPE_F32, S1(rows), want);
+        struct tensor tl = arena_out(&a, "lse", DTYPE_F32, S1(rows), NULL, bits);
+        if (SUPPORTED(&v, b, logit_lse)) op_logit_lse(b, &tl, &tx, &tw);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, DTYPE_F32, (size_t)rows);
+    }
+    check_close(s, &v, "lse", got, ref, tol, (size_t)rows, 1);
+    case_end(s, name, &v);
+}
+
+/* op_logit_mask (a constraint's masks on the device): every other row masked by random bits (one
+ * row's mask all ones, one all zeros, the last word's unused bits set); exact. */
+static void case_logit_mask(struct suite *s, enum dtype dt, int rows, int v_len)
+{
+    char name[96];
+    snprintf(name, sizeof name, "logit_mask %s rows=%d v=%d", dtype_name(dt), rows, v_len);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    const int words = (v_len + 31) / 32, m = (rows + 1) / 2;
+    struct hbuf x = hbuf_make(s, dt, (size_t)rows * v_len), want = hbuf_make(s, dt, (size_t)rows * v_len);
+    for (size_t i = 0; i < x.n; i++) hbuf_set(&x, i, 3.0 * rng_normal(&r));
+    for (size_t i = 0; i < x.n; i++) hbuf_set(&want, i, x.val[i]);
+    int32_t *mr = case_alloc(s, (size_t)m, sizeof(int32_t));
+    uint32_t *mask = case_alloc(s, (size_t)m * words, sizeof(uint32_t));
+    for (int k = 0; k < m; k++) {
+        mr[k] = rows - 1 - 2 * k;
+        for (int w = 0; w < words; w++)
+            mask[(size_t)k * words + w] = k == 0 ? 0xffffffffu : k == 1 ? 0u
+                                        : (uint32_t)(rng_range(&r, 0.0, 65535.99)) << 16 | (uint32_t)rng_range(&r, 0.0, 65535.99);
+        for (int j = 0; j < v_len; j++)
+            if (!(mask[(size_t)k * words + (j >> 5)] >> (j & 31) & 1))
+                hbuf_set(&want, (size_t)mr[k] * v_len + j, -INFINITY);
+    }
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, x.n, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = arena_out(&a, "x", dt, S2(rows, v_len), x.bits, bits);
+        struct tensor trow = arena_in(&a, "rows", DTYPE_I32, S1(m), mr);
+        struct tensor tm = arena_in(&a, "mask", DTYPE_I32, S2(m, words), mask);
+        if (SUPPORTED(&v, b, logit_mask)) op_logit_mask(b, &tx, &trow, &tm);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, x.n);
+    }
+    check_exact(s, &v, "x", got, want.val, x.n, (size_t)v_len, 1);
+    case_end(s, name, &v);
+}
+
 /* ==== the case list ========================================================================= */
 
 static void run_all(struct suite *s)
@@ -1472,6 +1552,9 @@ static void run_all(struct suite *s)
         case_logit_draw(s, float_dtypes[di], 8, 49152);
         case_logit_edit(s, float_dtypes[di], 1, 1);
         case_logit_edit(s, float_dtypes[di], 16, 1000);
+        case_logit_lse(s, float_dtypes[di], 9, 1001);
+        case_logit_mask(s, float_dtypes[di], 7, 1000);
+        case_logit_lse(s, float_dtypes[di], 3, 49152);
     }
 }
 

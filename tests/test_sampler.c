@@ -468,6 +468,27 @@ static void check_draw(void)
             check(moved > SAMPLER_DRAW_TOL_EXACT, what, NULL);
         }
     }
+    { /* op_logit_lse on the CPU: the host's very log-probabilities, (x - m) - lse */
+        static float row[DRAW_V], lp[DRAW_V];
+        long same = 0, total = 0;
+        for (unsigned seed = 1; seed <= 8; seed++) {
+            struct rng g;
+            rng_seed(&g, 777 + seed);
+            for (int i = 0; i < DRAW_V; i++) row[i] = (float)seed * (rng_uniform(&g) - 0.5f) * 4.0f;
+            float lse = 0.0f, want = 1.0f;
+            struct tensor x = tensor_make(row, DTYPE_F32, DEVICE_CPU, 2, (int64_t)1, (int64_t)DRAW_V);
+            struct tensor tl = tensor_make(&lse, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
+            struct tensor tw = tensor_make(&want, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
+            op_logit_lse(b, &tl, &x, &tw);
+            sampler_log_softmax(row, lp, DRAW_V);
+            const float m = sampler_max(row, DRAW_V);
+            for (int i = 0; i < DRAW_V; i++) same += (row[i] - m) - lse == lp[i], total++;
+        }
+        char w[160];
+        snprintf(w, sizeof w, "op_logit_lse on the CPU gives the host's log-probabilities bit for bit: %ld of %ld", same,
+                 total);
+        check(same == total, w, NULL);
+    }
     const double tol = sampler_draw_tolerance(b);
     char what[160];
     snprintf(what, sizeof what, "sampler_draw_tolerance: the CPU backend's weights are the host's bits (%g)", tol);

@@ -125,9 +125,9 @@ run_tests() {
   step "memcheck test_model phi3_lora" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$B/build/tests/test_model" cuda "$B/build/golden" phi3_lora
   local f # the decode-step kernels of 2026-12-04 (gemv, vector rmsnorm and argmax, rope over heads);
-  # logit_mass, logit_draw and logit_edit (sampled rows' top candidates, plain temperature draws, penalties
-  # and logit bias; written after it)
-  for f in "matmul bf16" "matmul f16" rmsnorm argmax rope logit_mass logit_draw logit_edit; do
+  # logit_mass, logit_draw, logit_edit, logit_mask and logit_lse (sampled rows' top candidates, plain
+  # temperature draws, penalties and logit bias, constraints, log-probabilities; written after it)
+  for f in "matmul bf16" "matmul f16" rmsnorm argmax rope logit_mass logit_draw logit_edit logit_mask logit_lse; do
     step "memcheck test_ops ($f)" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$B/build/tests/test_ops" --backend cuda --filter "$f"
   done
@@ -142,6 +142,8 @@ run_tests() {
     "$B/build/tests/test_ops" --backend cuda --filter logit_mass
   step "racecheck test_ops (logit_draw)" 60 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$B/build/tests/test_ops" --backend cuda --filter logit_draw
+  step "racecheck test_ops (logit_lse)" 60 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
+    "$B/build/tests/test_ops" --backend cuda --filter logit_lse
   step "racecheck test_ops (attention)" 90 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$B/build/tests/test_ops" --backend cuda --filter attention
   unset SHARDLM_SYNC_CHECK

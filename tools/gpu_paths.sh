@@ -117,20 +117,25 @@ try:
                {"temperature": 0.9, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {
                    "type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
                    "required": ["name", "age"]}}}},
-               {"temperature": 0, "response_format": {"type": "json_object"}}):
+               {"temperature": 0, "response_format": {"type": "json_object"}},
+               {"temperature": 0.9, "top_k": 40, "logprobs": 3}, {"temperature": 0, "logprobs": 5},
+               {"temperature": 1.2, "logprobs": 0}):
         for seed in range(4):
             body = dict(kw, prompt="Once upon a time", max_tokens=48, seed=seed)
-            a, b = (" | ".join(ch["text"] for ch in json.loads(post(body, at))["choices"]) for at in (base, rows))
+            a, b = (" | ".join(ch["text"] + json.dumps(ch.get("logprobs")) for ch in json.loads(post(body, at))["choices"])
+                    for at in (base, rows))
             same, total = same + (a == b), total + 1
     log = open(sys.argv[2]).read()
     drew = ("drew from the device's top" in log and "a plain temperature row was drawn on the device" in log and
             "banned ids or penalties were applied on the device" in log and
-            "a constraint's mask was applied on the device" in log)
+            "a constraint's mask was applied on the device" in log and
+            "log-probabilities from the device's top" in log)
     exact = "its weights are the host's bits" in log
     check(same == total and drew, "HTTP sampled from the top 64 logits or drawn on the device = every row downloaded: "
           "%d of %d equal (top_k 40, top_p alone, min_p alone, a wide nucleus, plain temperature 1 and 1.7, penalties, "
-          "greedy with a repetition penalty, a logit bias, n 2, a JSON schema, a JSON object); the log says rows drew "
-          "from them, were drawn, edited and masked there: %s; the device's weights are the host's bits: %s"
+          "greedy with a repetition penalty, a logit bias, n 2, a JSON schema, a JSON object, log-probabilities sampled, "
+          "greedy and drawn: texts and log-probabilities); the log says rows drew from them, were drawn, edited and "
+          "masked there, and took their log-probabilities there: %s; the device's weights are the host's bits: %s"
           % (same, total, drew, exact))
 except Exception as e:
     check(False, "HTTP front: %r" % e)

@@ -94,6 +94,8 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.draw_u, DTYPE_F32, 1, {max_logits}},
         {&m->ws.draw_ids, DTYPE_I32, 1, {max_logits}},
         {&m->ws.draw_margin, DTYPE_F32, 1, {max_logits}},
+        {&m->ws.lse_want, DTYPE_F32, 1, {max_logits}},
+        {&m->ws.top_lse, DTYPE_F32, 1, {max_logits}},
         {&m->ws.logits_ss, DTYPE_F32, 1, {1}},
         {&m->ws.lse, DTYPE_F32, 2, {T, m->n_heads_local}},
         {&m->ws.type_ids, DTYPE_I32, 1, {c->type_vocab_size > 0 ? T : 0}},
@@ -457,6 +459,12 @@ static int sample_on_device(struct model *m, const struct forward_batch *fb, str
         backend_upload(b, u.data, fb->draw_u, tensor_nbytes(&u));
         op_logit_draw(b, &draw_ids, &draw_margin, full, &temp, &u);
     }
+    struct tensor lse = tensor_first_rows(&m->ws.top_lse, fb->n_logits);
+    if (fb->top_k > 0 && fb->top_lse) {
+        struct tensor want = tensor_first_rows(&m->ws.lse_want, fb->n_logits);
+        backend_upload(b, want.data, fb->lse_want, tensor_nbytes(&want));
+        op_logit_lse(b, &lse, full, &want);
+    }
     if (fb->top_k > 0) op_topk(b, &top_v, &top_i, full);
     else op_argmax(b, &ids_dev, full);
     if (!edited) {
@@ -467,6 +475,7 @@ static int sample_on_device(struct model *m, const struct forward_batch *fb, str
         backend_download(b, fb->top_values, top_v.data, tensor_nbytes(&top_v));
         backend_download(b, fb->top_ids, top_i.data, tensor_nbytes(&top_i));
         if (fb->top_mass) backend_download(b, fb->top_mass, mass.data, tensor_nbytes(&mass));
+        if (fb->top_lse) backend_download(b, fb->top_lse, lse.data, tensor_nbytes(&lse));
         if (fb->draw_ids) {
             backend_download(b, fb->draw_ids, draw_ids.data, tensor_nbytes(&draw_ids));
             backend_download(b, fb->draw_margin, draw_margin.data, tensor_nbytes(&draw_margin));
@@ -617,16 +626,28 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
     return st;
 }
 
-enum status model_logits_row(struct model *m, int row, float *out)
+/* Logits row row of the last step as f32 on the device (model_logits_row). */
+static const float *row_f32(struct model *m, int row)
 {
     const struct tensor *full = m->tp_size > 1 ? &m->ws.logits_full : &m->ws.logits;
-    const int64_t V = m->cfg.vocab_size, cols = tensor_cols(full);
-    CHECK(cols == V && row >= 0 && row < tensor_rows(full), "model_logits_row: row %d of %lld x %lld logits", row,
-          (long long)tensor_rows(full), (long long)cols);
-    const float *src = m->ws.logits_edited && full->dtype != DTYPE_F32 /* the step's rows, edited in f32 */
-                           ? (const float *)m->ws.logits_f32.data + (size_t)row * (size_t)cols
-                           : f32_rows(m, full, row, 1);
-    backend_download(m->b, out, src, (size_t)V * sizeof *out);
+    const int64_t cols = tensor_cols(full);
+    CHECK(cols == m->cfg.vocab_size && row >= 0 && row < tensor_rows(full), "model_logits_row: row %d of %lld x %lld "
+          "logits", row, (long long)tensor_rows(full), (long long)cols);
+    return m->ws.logits_edited && full->dtype != DTYPE_F32 /* the step's rows, edited in f32 */
+               ? (const float *)m->ws.logits_f32.data + (size_t)row * (size_t)cols
+               : f32_rows(m, full, row, 1);
+}
+
+enum status model_logits_row(struct model *m, int row, float *out)
+{
+    backend_download(m->b, out, row_f32(m, row), (size_t)m->cfg.vocab_size * sizeof *out);
+    return STATUS_OK;
+}
+
+enum status model_logit_at(struct model *m, int row, int32_t id, float *out)
+{
+    CHECK(id >= 0 && id < m->cfg.vocab_size, "model_logit_at: id %d of %d", id, m->cfg.vocab_size);
+    backend_download(m->b, out, row_f32(m, row) + id, sizeof *out);
     return STATUS_OK;
 }
 

@@ -69,6 +69,7 @@ struct model_workspace {
     struct tensor top_values, top_ids; /* f32 / i32 (max_logits, MODEL_MAX_TOP_K or the vocabulary) */
     struct tensor top_inv_temp, top_mass; /* f32 (max_logits): forward_batch.top_inv_temp, top_mass */
     struct tensor draw_temp, draw_u, draw_ids, draw_margin; /* (max_logits): forward_batch.draw_* */
+    struct tensor lse_want, top_lse;   /* f32 (max_logits): forward_batch.lse_want, top_lse */
     void  *edits;                  /* forward_batch's edits and masks on the device, grown as asked */
     size_t edits_bytes;
     int    logits_edited;          /* the last step's logits rows were edited: logits_f32 holds them (dtype
@@ -291,6 +292,11 @@ struct forward_batch {
     const float *draw_temp, *draw_u;
     int32_t     *draw_ids;
     float       *draw_margin;
+    /* With top_k, when top_lse is non-NULL: each row's op_logit_lse where lse_want[row] > 0 (host,
+     * n_logits) into top_lse (host, n_logits): with the top candidates, a row's top
+     * log-probabilities, (value - its first value) - lse. */
+    const float *lse_want;
+    float       *top_lse;
     /* Edits of single logits before any of the above (op_logit_edit: a logit bias, banned ids,
      * penalties; host, n_edits entries: edit_rows i32 (logits rows), edit_ids i32, edit_vals f32
      * (n_edits, 3)), made only over finite logits (a row with NaN or Inf goes to the host unedited,
@@ -332,6 +338,8 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
  * done), logits row `row` (< its n_logits) as f32 into out (vocab_size): a sampled row whose top
  * candidates could not decide its token. */
 enum status model_logits_row(struct model *m, int row, float *out);
+/* One logit of that row, logits[row][id], as model_logits_row would give it. */
+enum status model_logit_at(struct model *m, int row, int32_t id, float *out);
 
 /* How model_embed turns a sequence's final hidden states into one vector. */
 enum model_pooling {

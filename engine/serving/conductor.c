@@ -383,7 +383,7 @@ static int step_device_sampling(const struct conductor *c)
         if (r->p.prompt_logprobs >= 0) return 0;
         if (!s->wants_sample) continue;
         if (!row_alone(s)) return 0;
-        if (sp->temperature != 0.0f) mode = top_eligible(c, s) ? 1 : 0;
+        if (sp->temperature != 0.0f || r->p.logprobs >= 0) mode = top_eligible(c, s) ? 1 : 0;
     }
     return mode;
 }
@@ -398,13 +398,15 @@ static int step_device_sampling(const struct conductor *c)
 static void top_requests(struct conductor *c)
 {
     const struct scheduler *sc = &c->sched;
-    c->step_mass = c->step_draw = 0;
-    for (int i = 0; i < sc->batch.n_logits; i++) c->top_inv_temp[i] = c->draw_temp[i] = c->draw_u[i] = 0.0f;
+    c->step_mass = c->step_draw = c->step_lse = 0;
+    for (int i = 0; i < sc->batch.n_logits; i++)
+        c->top_inv_temp[i] = c->draw_temp[i] = c->draw_u[i] = c->lse_want[i] = 0.0f;
     for (int i = 0; i < sc->n_running; i++) {
         const struct seq *s = sc->running[i];
         if (s->n_rows == 0 || s->state != SEQ_RUNNING || !s->wants_sample) continue;
         const struct sampling_params sp = sampler_unpenalised(&s->req->p.sampling); /* (edited on the device) */
         const int row = s->logit_row;
+        if (s->req->p.logprobs >= 0) c->lse_want[row] = 1.0f, c->step_lse = 1;
         if (sampler_nucleus_fits(&sp)) {
             c->top_inv_temp[row] = 1.0f / sp.temperature;
             c->step_mass = 1;
@@ -588,7 +590,7 @@ static enum status run_planned_step(struct conductor *c)
     if (dev && (!step_edits(c) || !step_masks(c))) dev = 0, c->n_edits = c->n_masks = 0;
     c->step_greedy = dev > 0;
     c->step_top = dev == 1;
-    c->step_mass = c->step_draw = 0;
+    c->step_mass = c->step_draw = c->step_lse = 0;
     if (c->step_top) top_requests(c);
     if (st == STATUS_OK) st = run_forward(c, b->n_rows, b->n_seqs, b->n_logits, n_micro);
     pthread_mutex_lock(&c->mu);
@@ -744,7 +746,7 @@ static void take_results(struct conductor *c, enum status st)
         verify_consider(c, s, row);
         r->forked = 1;
         if (pre && c->pre_tok[i] >= 0) take_chosen(c, s, row, c->pre_tok[i]); /* drawn by presample */
-        else if (top && r->p.sampling.temperature > 0.0f) take_top(c, s, lrow - 1);
+        else if (top && (r->p.sampling.temperature > 0.0f || r->p.logprobs >= 0)) take_top(c, s, lrow - 1);
         else take_token(c, s, row, greedy_id);
     }
 }

@@ -136,6 +136,10 @@ struct conductor {
     int32_t *top_ids, *top_tok;
     int      step_draw, draw_used, draw_fetched;
     double   draw_tol;
+    /* Log-probabilities from the top candidates: lse_want each row's wish (1: its request asks for
+     * them), top_lse the device's op_logit_lse, step_lse whether this step wants any. */
+    int      step_lse, lse_used;
+    float   *lse_want, *top_lse;
     /* Edits of single logits made on the device before all of it (op_logit_edit, row_edits): a
      * row's logit bias, the ids banned before min_tokens, its penalties, one entry per (row, token):
      * n_edits of them this step in edit_rows / edit_ids / edit_vals (edits_cap allocated); edit_at

@@ -12,6 +12,9 @@
 #include "grammar.h"
 #include "tokenizer.h"
 
+static int32_t take_with(struct conductor *c, struct seq *s, int32_t tok, const float *tok_lp,
+                         const struct top_logprob *top, int n_top);
+
 /* ---- sampling a token and its consequences ------------------------------------------------ */
 
 int constraint_mask(struct conductor *c, struct seq *s, float *lg)
@@ -107,7 +110,7 @@ int row_alone(const struct seq *s)
 {
     const struct request *r = s->req;
     const int forks = s->sample == 0 && !r->forked && r->p.n > 1; /* its row gives every sample's first token */
-    return r->p.logprobs < 0 && !forks && r->p.max_tokens > 0 &&
+    return !forks && r->p.max_tokens > 0 &&
            r->p.sampling.repetition_penalty > 0.0f; /* (op_logit_edit's rep > 0) */
 }
 
@@ -119,8 +122,13 @@ int seq_edited(const struct seq *s)
 
 int top_eligible(const struct conductor *c, const struct seq *s)
 {
-    const struct sampling_params sp = sampler_unpenalised(&s->req->p.sampling); /* (edited on the device) */
-    return row_alone(s) && (sampler_top_exact(&sp, c->top_k) || sampler_nucleus_fits(&sp) || sampler_draw_fits(&sp));
+    const struct request *r = s->req;
+    const struct sampling_params sp = sampler_unpenalised(&r->p.sampling); /* (edited on the device) */
+    const int picks = sp.temperature == 0.0f || sampler_top_exact(&sp, c->top_k) || sampler_nucleus_fits(&sp) ||
+                      sampler_draw_fits(&sp);
+    /* log-probabilities are the raw logits': from the candidates and op_logit_lse, on a row left as it came */
+    const int lp = r->p.logprobs < 0 || (!seq_edited(s) && !r->grammar && r->p.logprobs <= c->top_k);
+    return row_alone(s) && picks && lp;
 }
 
 /* take_token's path for a row edited on the device (op_logit_edit, op_logit_mask) and fetched
@@ -140,9 +148,12 @@ int32_t take_top(struct conductor *c, struct seq *s, int lrow)
     struct sampling_params sp = sampler_unpenalised(&s->req->p.sampling); /* (edited on the device) */
     const float *values = c->top_values + (size_t)lrow * K;
     const int32_t *ids = c->top_ids + (size_t)lrow * K;
-    const int draw = !sampler_top_exact(&sp, c->top_k) && !sampler_nucleus_fits(&sp); /* (sampler_draw_fits) */
+    const int draw = sp.temperature != 0.0f && !sampler_top_exact(&sp, c->top_k) &&
+                     !sampler_nucleus_fits(&sp); /* (sampler_draw_fits) */
     int32_t tok = -1;
-    if (sampler_top_exact(&sp, c->top_k))
+    if (sp.temperature == 0.0f) /* greedy, top_eligible for its log-probabilities */
+        tok = ids[0];
+    else if (sampler_top_exact(&sp, c->top_k))
         tok = sampler_sample_top(&c->top_smp, &sp, &s->rng, values, ids, c->top_k, c->top_lg, c->top_tok);
     else if (!draw)
         tok = sampler_sample_nucleus(&sp, &s->rng, values, ids, c->top_k, c->top_mass[lrow], c->top_lg);
@@ -170,7 +181,32 @@ int32_t take_top(struct conductor *c, struct seq *s, int lrow)
         }
         return seq_edited(s) || s->req->grammar ? take_edited(c, s, row) : take_token(c, s, row, -1);
     }
-    return take_chosen(c, s, NULL, tok);
+    const struct request *r = s->req;
+    if (r->p.logprobs < 0) return take_chosen(c, s, NULL, tok);
+    if (!c->lse_used) {
+        c->lse_used = 1;
+        LOG_INFO(MODULE, "log-probabilities from the device's top %d logits and the row's normaliser (not the "
+                         "whole row)", c->top_k);
+    }
+    /* The raw row's log-probabilities, (x - max) - lse, from the candidates, op_logit_lse and, for a
+     * drawn token outside the candidates, its own logit from the device */
+    const float top = values[0], lse = c->top_lse[lrow];
+    float x = 0.0f;
+    int at = 0;
+    while (at < c->top_k && ids[at] != tok) at++;
+    if (at < c->top_k) x = values[at];
+    else {
+        const enum status st = model_logit_at(c->m, lrow, tok, &x);
+        if (st != STATUS_OK) {
+            finish_seq(c, s, FINISH_REASON_ERROR, st, status_message(), 0);
+            return -1;
+        }
+    }
+    const float tok_lp = (x - top) - lse;
+    struct top_logprob best[REQUEST_MAX_TOP_LOGPROBS];
+    const int n_top = r->p.logprobs;
+    for (int i = 0; i < n_top; i++) best[i] = (struct top_logprob){.id = ids[i], .logprob = (values[i] - top) - lse};
+    return take_with(c, s, tok, &tok_lp, best, n_top);
 }
 
 void sampling_logits(struct conductor *c, const struct seq *s, const float *row, int n_generated, float *lg)
@@ -186,10 +222,28 @@ void sampling_logits(struct conductor *c, const struct seq *s, const float *row,
     }
 }
 
-int32_t take_chosen(struct conductor *c, struct seq *s, const float *row, int32_t tok)
+/* take_chosen's taking, with tok's log-probability and the top ones (top_lp NULL: none asked). */
+static int32_t take_with(struct conductor *c, struct seq *s, int32_t tok, const float *tok_lp,
+                         const struct top_logprob *top, int n_top)
 {
     struct request *r = s->req;
-    const int V = c->m->cfg.vocab_size, eos = conductor_eos_id(c);
+    enum status taken = r->grammar ? constraint_take(s, tok) : STATUS_OK;
+    if (taken != STATUS_OK) { /* out of memory starting a lazy call, or a grammar too ambiguous to follow */
+        finish_seq(c, s, FINISH_REASON_ERROR, taken, status_message(), 0);
+        return -1;
+    }
+    size_t text_len = 0;
+    enum finish_reason why = request_take_token(s, tok, conductor_eos_id(c), c->m->cfg.max_positions, tok_lp, top,
+                                                n_top, &text_len);
+    if (why == FINISH_REASON_ERROR) finish_seq(c, s, why, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
+    else if (why != FINISH_REASON_NONE) finish_seq(c, s, why, STATUS_OK, NULL, text_len);
+    return tok;
+}
+
+int32_t take_chosen(struct conductor *c, struct seq *s, const float *row, int32_t tok)
+{
+    const struct request *r = s->req;
+    const int V = c->m->cfg.vocab_size;
     float *lp = c->scratch;
     /* Log-probabilities are those of the model's distribution (the raw logits). */
     float tok_lp = 0.0f;
@@ -200,17 +254,7 @@ int32_t take_chosen(struct conductor *c, struct seq *s, const float *row, int32_
         tok_lp = lp[tok];
         if (n_top) sampler_top_logprobs(lp, V, n_top, top);
     }
-    enum status taken = r->grammar ? constraint_take(s, tok) : STATUS_OK;
-    if (taken != STATUS_OK) { /* out of memory starting a lazy call, or a grammar too ambiguous to follow */
-        finish_seq(c, s, FINISH_REASON_ERROR, taken, status_message(), 0);
-        return -1;
-    }
-    size_t text_len = 0;
-    enum finish_reason why = request_take_token(s, tok, eos, c->m->cfg.max_positions,
-                                                r->p.logprobs >= 0 ? &tok_lp : NULL, top, n_top, &text_len);
-    if (why == FINISH_REASON_ERROR) finish_seq(c, s, why, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
-    else if (why != FINISH_REASON_NONE) finish_seq(c, s, why, STATUS_OK, NULL, text_len);
-    return tok;
+    return take_with(c, s, tok, r->p.logprobs >= 0 ? &tok_lp : NULL, top, n_top);
 }
 
 /* Records prompt log-probabilities from the logits of prompt rows [p0, p0 + n) (row p predicts

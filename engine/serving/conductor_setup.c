@@ -202,11 +202,13 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->draw_ids = malloc((size_t)c->max_logits * sizeof *c->draw_ids);
     c->draw_rng = malloc((size_t)c->max_logits * sizeof *c->draw_rng);
     c->edit_at = malloc(V * sizeof *c->edit_at);
+    c->lse_want = malloc((size_t)c->max_logits * sizeof *c->lse_want);
+    c->top_lse = malloc((size_t)c->max_logits * sizeof *c->top_lse);
     if (c->edit_at)
         for (size_t i = 0; i < V; i++) c->edit_at[i] = -1;
     if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows || !c->greedy_ids || !c->gmask || !c->top_values ||
         !c->top_ids || !c->top_lg || !c->top_tok || !c->top_inv_temp || !c->top_mass || !c->draw_temp || !c->draw_u ||
-        !c->draw_margin || !c->draw_ids || !c->draw_rng || !c->edit_at) {
+        !c->draw_margin || !c->draw_ids || !c->draw_rng || !c->edit_at || !c->lse_want || !c->top_lse) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
         goto fail;
     }
@@ -279,6 +281,8 @@ void conductor_free(struct conductor *c)
     free(c->draw_ids);
     free(c->draw_rng);
     free(c->edit_at);
+    free(c->lse_want);
+    free(c->top_lse);
     free(c->edit_rows);
     free(c->edit_ids);
     free(c->edit_vals);

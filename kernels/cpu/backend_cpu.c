@@ -182,6 +182,7 @@ static const struct backend_ops cpu_backend_ops = {
     .logit_draw = cpu_logit_draw,
     .logit_edit = cpu_logit_edit,
     .logit_mask = cpu_logit_mask,
+    .logit_lse = cpu_logit_lse,
     .attention_train = cpu_attention_train,
     .attention_train_backward = cpu_attention_train_backward,
     .attention_sinks_backward = cpu_attention_sinks_backward,

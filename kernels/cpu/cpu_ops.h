@@ -156,6 +156,8 @@ void cpu_logit_edit(struct backend *b, const struct tensor *x, const struct tens
                    const struct tensor *ids, const struct tensor *vals);
 void cpu_logit_mask(struct backend *b, const struct tensor *x, const struct tensor *rows,
                    const struct tensor *mask);
+void cpu_logit_lse(struct backend *b, const struct tensor *lse, const struct tensor *x,
+                  const struct tensor *want);
 void cpu_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
               const struct tensor *x);
 

@@ -2,7 +2,8 @@
  * exp((x - max) w) within its floor ((x - max) w >= ln(1e-12)), in f64; and op_logit_draw, plain
  * temperature sampling's draw over a row: the token whose interval of cumulative weight holds u
  * times the total, and how far inside it lies; op_logit_edit, a sampler's edits of single logits
- * (bias, bans, penalties); op_logit_mask, a constraint's masks.
+ * (bias, bans, penalties); op_logit_mask, a constraint's masks; op_logit_lse, log-probabilities'
+ * normaliser.
  * Tests: tests/test_ops.c (logit_mass and logit_draw cases), tests/test_sampler.c (logit_draw
  * against the host sampler's draws). */
 #include <math.h>
@@ -111,5 +112,38 @@ void cpu_logit_mask(struct backend *b, const struct tensor *x, const struct tens
         const uint32_t *mk = bits + (size_t)k * (size_t)words;
         for (int64_t j = 0; j < v; j++)
             if (!(mk[j >> 5] >> (j & 31) & 1)) dtype_store_f32(x->data, x->dtype, (size_t)r[k] * (size_t)v + (size_t)j, -INFINITY);
+    }
+}
+
+static float lse_weight(const struct tensor *x, size_t at, float m)
+{
+    const float d = dtype_load_f32(x->data, x->dtype, at) - m;
+    return d > -87.0f ? cpu_exp(d) : 0.0f; /* (sampler_exp) */
+}
+
+/* sampler_log_softmax's sum step for step: the weights base_exp(x - m) (the maximum as sampler_max
+ * finds it: the rows here are finite), four interleaved f64 sums, (0 + 1) + (2 + 3), the tail. */
+void cpu_logit_lse(struct backend *b, const struct tensor *lse, const struct tensor *x, const struct tensor *want)
+{
+    const int64_t n = tensor_rows(x), v = tensor_cols(x);
+    const float *w = want->data;
+    float *out = lse->data;
+    #pragma omp parallel for schedule(static) if (n * v > CPU_PARALLEL_MIN) num_threads(b->n_threads)
+    for (int64_t i = 0; i < n; i++) {
+        out[i] = 0.0f;
+        if (!(w[i] > 0.0f)) continue;
+        const size_t row = (size_t)(i * v);
+        float m = -INFINITY;
+        for (int64_t j = 0; j < v; j++) {
+            const float e = dtype_load_f32(x->data, x->dtype, row + (size_t)j);
+            if (e > m) m = e;
+        }
+        double part[4] = {0.0, 0.0, 0.0, 0.0};
+        int64_t j = 0;
+        for (; j + 4 <= v; j += 4)
+            for (int k = 0; k < 4; k++) part[k] += lse_weight(x, row + (size_t)(j + k), m);
+        double sum = (part[0] + part[1]) + (part[2] + part[3]);
+        for (; j < v; j++) sum += lse_weight(x, row + (size_t)j, m);
+        out[i] = (float)log(sum);
     }
 }

@@ -190,6 +190,7 @@ static const struct backend_ops cuda_backend_ops = {
     .logit_draw = cuda_logit_draw,
     .logit_edit = cuda_logit_edit,
     .logit_mask = cuda_logit_mask,
+    .logit_lse = cuda_logit_lse,
     .attention_train = cuda_attention_train,
     .attention_train_backward = cuda_attention_train_backward,
     .attention_sinks_backward = cuda_attention_sinks_backward,

@@ -67,6 +67,8 @@ void cuda_logit_edit(struct backend *b, const struct tensor *x, const struct ten
                     const struct tensor *ids, const struct tensor *vals);
 void cuda_logit_mask(struct backend *b, const struct tensor *x, const struct tensor *rows,
                     const struct tensor *mask);
+void cuda_logit_lse(struct backend *b, const struct tensor *lse, const struct tensor *x,
+                   const struct tensor *want);
 void cuda_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
                const struct tensor *x);
 

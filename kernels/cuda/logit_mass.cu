@@ -5,7 +5,8 @@
  * op_logit_draw: plain temperature sampling's draw over a row, the token whose interval of
  * cumulative weight (id order) holds u times the row's total, and how far inside it the target lies.
  * op_logit_edit: a sampler's edits of single logits (bias, bans, penalties), one thread an entry.
- * op_logit_mask: a constraint's masks, a block per masked row.
+ * op_logit_mask: a constraint's masks, a block per masked row. op_logit_lse: log-probabilities'
+ * normaliser, a block per row, the host's weights summed in f64 in a fixed tree.
  * Not here: sampling from the sum (engine/serving/sampler.c sampler_sample_nucleus), deciding
  * whether a draw's margin is wide enough (sampler_draw_decided).
  * Tests: tests/test_ops.c --backend cuda (logit_mass and logit_draw cases); written without a GPU,
@@ -217,5 +218,43 @@ void cuda_logit_mask(struct backend *b, const struct tensor *x, const struct ten
         logit_mask_kernel<T><<<(unsigned)m, CUDA_THREADS, 0, s->stream>>>(
             (T *)x->data, (const int32_t *)rows->data, (const uint32_t *)mask->data, tensor_cols(mask),
             tensor_rows(x), tensor_cols(x));
+        LAUNCH_CHECK());
+}
+
+/* One block per row: the maximum, then each thread's f64 sum of its strided weights (base_exp's
+ * bits, draw_exp), added in mass_block_sum's fixed tree: not the host's order, which moves the f64
+ * sum by about 1e-16 of itself, far below the f32 lse's rounding (so the same lse but where the
+ * sum sits within that of a rounding boundary). */
+template <typename T>
+static __global__ void __launch_bounds__(MASS_THREADS)
+logit_lse_kernel(float *lse, const T *x, const float *want, int64_t v)
+{
+    const int64_t i = blockIdx.x;
+    if (!(want[i] > 0.0f)) { /* (the whole block takes this branch) */
+        if (threadIdx.x == 0) lse[i] = 0.0f;
+        return;
+    }
+    const T *xr = x + i * v;
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, cuda_load(xr + j));
+    m = cuda_block_max(m);
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+        const float d = __fsub_rn(cuda_load(xr + j), m);
+        s += d > -87.0f ? draw_exp(d) : 0.0f; /* (sampler_exp) */
+    }
+    s = mass_block_sum(s);
+    if (threadIdx.x == 0) lse[i] = (float)log(s);
+}
+
+/* lse f32 (n); x any float dtype (n, v); want f32 (n). */
+void cuda_logit_lse(struct backend *b, const struct tensor *lse, const struct tensor *x, const struct tensor *want)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    const int64_t n = tensor_rows(x), v = tensor_cols(x);
+    if (n == 0) return;
+    CUDA_DISPATCH_FLOAT(x->dtype, T,
+        logit_lse_kernel<T><<<(unsigned)n, MASS_THREADS, 0, s->stream>>>((float *)lse->data, (const T *)x->data,
+                                                                        (const float *)want->data, v);
         LAUNCH_CHECK());
 }

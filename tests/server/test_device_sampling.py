@@ -6,15 +6,18 @@ bias, banned ids, constraint or log-probabilities takes its token from its row's
 row fetched where they cannot decide), or plain temperature sampling's draw made on the device
 (op_logit_draw; the whole row fetched where the draw lands too near its token's edge), a logit
 bias, banned ids (min_tokens) and penalties edited into the row on the device first
-(op_logit_edit), a structured output's mask after them (op_logit_mask), and must take the very
-token the host's sampler takes from the whole row. A server with the path and one without get the same requests (seeded; llama.cpp's
+(op_logit_edit), a structured output's mask after them (op_logit_mask), log-probabilities from the
+candidates and the row's normaliser (op_logit_lse), and must take the very token, and give the very
+log-probabilities, the host takes from the whole row. A server with the path and one without get the same requests (seeded; llama.cpp's
 defaults top_k 40 / top_p 0.95 / min_p 0.05, a low temperature, top_k 63, top_p alone, min_p
 alone, a nucleus wider than 64 tokens, plain temperature hot and cool, penalties, a logit bias,
 min_tokens, greedy with penalties, n = 3 after its first token, a JSON schema, a regex (greedy), a
-choice; beside them rows that take the
-whole row: top_k 64, logprobs;
+choice, log-probabilities (sampled, greedy, plain temperature); beside them rows that take the
+whole row: top_k 64, log-probabilities with a penalty;
 greedy rows), one at a time and all at once in mixed
-steps; every output must be equal, and the forced server's log must say that a row drew from the
+steps; every output must be equal (log-probabilities exactly one at a time, within 1e-4 all at once,
+where the steps' batches, and so the logits' last bits, differ), and the forced server's log must
+say that a row drew from the
 top candidates, that one was fetched whole, that a plain temperature row was drawn on the device
 with the exact tolerance (its weights the host's bits), that edits and masks were made there; the plain
 server's none of it. At one
@@ -49,7 +52,8 @@ MARKS = {"top": "drew from the device's top 64 logits",
          "draw fetched": "a plain temperature draw on the device landed within",
          "exact": "its weights are the host's bits",
          "edits": "banned ids or penalties were applied on the device",
-         "masks": "a constraint's mask was applied on the device"}
+         "masks": "a constraint's mask was applied on the device",
+         "logprobs": "log-probabilities from the device's top"}
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "One day, a girl named Sue",
            "Tom found a box", "The cat sat on"]
@@ -83,7 +87,10 @@ CASES = [("top_k 40", dict(temperature=0.9, top_k=40), True),
              "required": ["name", "age"]}), True),
          ("regex, greedy", dict(temperature=0, regex="[a-z ]{5,30}\\."), True),
          ("choice, plain temperature", dict(temperature=1.0, choice=["yes", "no", "maybe not"]), True),
-         ("logprobs", dict(temperature=0.8, top_k=40, logprobs=2), False),
+         ("logprobs", dict(temperature=0.8, top_k=40, logprobs=2), True),
+         ("logprobs, greedy", dict(temperature=0, logprobs=5), True),
+         ("logprobs, plain temperature", dict(temperature=1.2, logprobs=0), True),
+         ("logprobs, penalised", dict(temperature=0.8, top_p=0.9, presence_penalty=0.5, logprobs=1), False),
          ("greedy", dict(temperature=0), False)]
 
 
@@ -95,10 +102,24 @@ def run(srv, max_tokens, parallel):
         name, kw, p, seed = job
         with srv.client(timeout=120) as c:
             g = c.generate(p, max_tokens=max_tokens, seed=100 + seed, **kw)
-        return (name, p), " | ".join(x.text for x in g.completions) if len(g.completions) > 1 else g.text
+        text = " | ".join(x.text for x in g.completions) if len(g.completions) > 1 else g.text
+        lps = [(t.token_id, t.logprob, [(u.token_id, u.logprob) for u in t.top]) for t in g.logprobs]
+        return (name, p), (text, lps) if lps else text
 
     with cf.ThreadPoolExecutor(len(jobs) if parallel else 1) as ex:
         return dict(ex.map(one, jobs))
+
+
+def same(a, b, exact):
+    """Two answers equal: text and token ids, log-probabilities exactly or within 1e-4."""
+    if exact or isinstance(a, str) or isinstance(b, str):
+        return a == b
+    (ta, la), (tb, lb) = a, b
+    close = lambda x, y: abs(x - y) <= 1e-4  # noqa: E731
+    return ta == tb and len(la) == len(lb) and all(
+        i == j and close(x, y) and [u for u, _ in tx] == [u for u, _ in ty] and all(close(p, q) for (_, p), (_, q) in
+                                                                                     zip(tx, ty))
+        for (i, x, tx), (j, y, ty) in zip(la, lb))
 
 
 def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True, draw_tol=None, dtype=None):
@@ -123,16 +144,18 @@ def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True,
     for k, what in enumerate(["one at a time", "all at once"][:len(runs[True])]):
         plain, top = runs[False][k], runs[True][k]
         for case, _, served in CASES:
-            diff = [p for p in PROMPTS if plain[(case, p)] != top[(case, p)]]
+            # all at once, the steps' batches differ between the servers, and with them the logits' last
+            # bits: log-probabilities are then compared within 1e-4, one at a time exactly
+            diff = [p for p in PROMPTS if not same(plain[(case, p)], top[(case, p)], exact=k == 0)]
             check(not diff, f"{name}: {case} ({'top candidates' if served else 'whole rows'}), {what}: the same "
                             f"text with and without the device's top candidates ({len(PROMPTS) - len(diff)} of "
                             f"{len(PROMPTS)} equal)")
             if diff:
                 print(f"  {diff[0]!r}:\n    rows: {plain[(case, diff[0])]!r}\n    top:  {top[(case, diff[0])]!r}")
-        distinct = len({runs[True][k][(CASES[0][0], p)] for p in PROMPTS})
+        distinct = len({str(runs[True][k][(CASES[0][0], p)]) for p in PROMPTS})
         check(distinct > 1, f"{name}: sampled outputs differ between prompts ({distinct} distinct), {what}")
     want = {"top": True, "fetched": True, "drawn": True, "draw fetched": bool(draw_tol), "exact": not draw_tol,
-            "edits": True, "masks": True}
+            "edits": True, "masks": True, "logprobs": True}
     got = {k: said[True][k] for k in want if want[k] or k == "exact"}
     check(all(got[k] == want[k] for k in got) and not any(said[False].values()),
           f"{name}: the forced server's log says {', '.join(k for k in want if want[k])} ({got}); the plain "
