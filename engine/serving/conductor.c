@@ -367,10 +367,10 @@ static void take_intake(struct conductor *c)
 }
 
 /* How the planned step's logits rows may stay on the device: 2 when every sampled row is an argmax
- * (greedy; no log-probabilities, constraint, one sample per request; a logit bias, banned ids and
- * penalties are edited in on the device), so the device picks the tokens; 1 when every sampled row
- * is that or top_eligible, so the device sends each row's top candidates; 0 when some row needs
- * its whole row on the host. */
+ * (greedy, no log-probabilities, row_alone; a logit bias, banned ids and penalties are edited in on
+ * the device, a constraint's mask applied there: step_edits, step_masks), so the device picks the
+ * tokens; 1 when every sampled row is that or top_eligible (sampled, or with log-probabilities), so
+ * the device sends each row's top candidates; 0 when some row needs its whole row on the host. */
 static int step_device_sampling(const struct conductor *c)
 {
     const struct scheduler *sc = &c->sched;
@@ -392,7 +392,8 @@ static int step_device_sampling(const struct conductor *c)
  * row that sampler_sample_nucleus draws (top_p or min_p without top_k) its mass at inverse
  * temperature 1 / T (c->top_inv_temp; 0 for the others), a plain temperature row its draw
  * (c->draw_temp, and the uniform its random state would give next: c->draw_u, c->draw_rng; 0 for
- * the others). Sets step_mass and step_draw: whether any row wants either. (In a step of top
+ * the others), a row with log-probabilities its normaliser (c->lse_want). Sets step_mass,
+ * step_draw and step_lse: whether any row wants each. (In a step of top
  * candidates no row is a prompt log-probability's or a draft's: a sequence's sampled row is its
  * logit_row.) */
 static void top_requests(struct conductor *c)

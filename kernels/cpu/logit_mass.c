@@ -10,6 +10,17 @@
 
 #include "cpu_ops.h"
 
+/* The largest of x's v values from element row on. */
+static float row_max(const struct tensor *x, size_t row, int64_t v)
+{
+    float m = -INFINITY;
+    for (int64_t j = 0; j < v; j++) {
+        const float e = dtype_load_f32(x->data, x->dtype, row + (size_t)j);
+        if (e > m) m = e;
+    }
+    return m;
+}
+
 void cpu_logit_mass(struct backend *b, const struct tensor *mass, const struct tensor *x,
                     const struct tensor *inv_temp)
 {
@@ -22,11 +33,7 @@ void cpu_logit_mass(struct backend *b, const struct tensor *mass, const struct t
             out[i] = 0.0f;
             continue;
         }
-        float m = -INFINITY;
-        for (int64_t j = 0; j < v; j++) {
-            const float e = dtype_load_f32(x->data, x->dtype, (size_t)(i * v + j));
-            if (e > m) m = e;
-        }
+        const float m = row_max(x, (size_t)(i * v), v);
         double s = 0.0;
         for (int64_t j = 0; j < v; j++) {
             const float d = (dtype_load_f32(x->data, x->dtype, (size_t)(i * v + j)) - m) * w[i];
@@ -57,11 +64,7 @@ void cpu_logit_draw(struct backend *b, const struct tensor *ids, const struct te
         id[i] = -1, mg[i] = 0.0f;
         if (!(t[i] > 0.0f)) continue;
         const size_t row = (size_t)(i * v);
-        float m = -INFINITY;
-        for (int64_t j = 0; j < v; j++) {
-            const float e = dtype_load_f32(x->data, x->dtype, row + (size_t)j);
-            if (e > m) m = e;
-        }
+        const float m = row_max(x, row, v);
         double total = 0.0;
         for (int64_t j = 0; j < v; j++) total += draw_weight(x, row + (size_t)j, m, t[i]);
         const double target = (double)uu[i] * total;
@@ -133,11 +136,7 @@ void cpu_logit_lse(struct backend *b, const struct tensor *lse, const struct ten
         out[i] = 0.0f;
         if (!(w[i] > 0.0f)) continue;
         const size_t row = (size_t)(i * v);
-        float m = -INFINITY;
-        for (int64_t j = 0; j < v; j++) {
-            const float e = dtype_load_f32(x->data, x->dtype, row + (size_t)j);
-            if (e > m) m = e;
-        }
+        const float m = row_max(x, row, v);
         double part[4] = {0.0, 0.0, 0.0, 0.0};
         int64_t j = 0;
         for (; j + 4 <= v; j += 4)

@@ -33,6 +33,15 @@ static __device__ __forceinline__ double mass_block_sum(double v)
     return total;
 }
 
+/* The largest of a row's v values, the whole block's (strided loads, then cuda_block_max). */
+template <typename T>
+static __device__ __forceinline__ float row_max(const T *xr, int64_t v)
+{
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, cuda_load(xr + j));
+    return cuda_block_max(m);
+}
+
 template <typename T>
 static __global__ void __launch_bounds__(MASS_THREADS)
 logit_mass_kernel(float *mass, const T *x, const float *inv_temp, int64_t v)
@@ -44,9 +53,7 @@ logit_mass_kernel(float *mass, const T *x, const float *inv_temp, int64_t v)
         return;
     }
     const T *xr = x + i * v;
-    float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, cuda_load(xr + j));
-    m = cuda_block_max(m);
+    const float m = row_max(xr, v);
     double s = 0.0;
     for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
         const float d = (cuda_load(xr + j) - m) * w;
@@ -118,9 +125,7 @@ logit_draw_kernel(int32_t *ids, float *margin, const T *x, const float *temp, co
         return;
     }
     const T *xr = x + i * v;
-    float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, cuda_load(xr + j));
-    m = cuda_block_max(m);
+    const float m = row_max(xr, v);
     const int64_t chunk = (v + DRAW_THREADS - 1) / DRAW_THREADS, j0 = (int64_t)threadIdx.x * chunk;
     const int64_t j1 = j0 + chunk < v ? j0 + chunk : v;
     double sum = 0.0;
@@ -235,9 +240,7 @@ logit_lse_kernel(float *lse, const T *x, const float *want, int64_t v)
         return;
     }
     const T *xr = x + i * v;
-    float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, cuda_load(xr + j));
-    m = cuda_block_max(m);
+    const float m = row_max(xr, v);
     double s = 0.0;
     for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
         const float d = __fsub_rn(cuda_load(xr + j), m);
