@@ -259,6 +259,25 @@ void op_rmsnorm(struct backend *b, const struct tensor *out, const struct tensor
     after_op(b);
 }
 
+void op_add_rmsnorm(struct backend *b, const struct tensor *sum, const struct tensor *out, const struct tensor *a,
+                    const struct tensor *c, const struct tensor *weight, float eps)
+{
+    check_float(b, sum, "add_rmsnorm sum");
+    check_float(b, out, "add_rmsnorm out");
+    check_float(b, a, "add_rmsnorm a");
+    check_float(b, c, "add_rmsnorm c");
+    check_float(b, weight, "add_rmsnorm weight");
+    check_same(sum, a, "add_rmsnorm sum/a");
+    check_same(a, c, "add_rmsnorm a/c");
+    check_same(out, a, "add_rmsnorm out/a");
+    check_vector(weight, tensor_cols(a), a->dtype, "add_rmsnorm weight");
+    CHECK(out->data != sum->data && out->data != a->data && out->data != c->data,
+          "add_rmsnorm: out aliases sum, a or c");
+    CHECK(eps >= 0.0f, "add_rmsnorm eps %g", (double)eps);
+    b->ops->add_rmsnorm(b, sum, out, a, c, weight, eps);
+    after_op(b);
+}
+
 void op_layernorm(struct backend *b, const struct tensor *out, const struct tensor *x,
                   const struct tensor *weight, const struct tensor *bias, float eps)
 {

@@ -194,6 +194,8 @@ struct backend_ops {
                         const struct tensor *const *w, const struct tensor *const *bias);
     void (*rmsnorm)(struct backend *b, const struct tensor *out, const struct tensor *x,
                     const struct tensor *weight, float eps);
+    void (*add_rmsnorm)(struct backend *b, const struct tensor *sum, const struct tensor *out,
+                        const struct tensor *a, const struct tensor *c, const struct tensor *weight, float eps);
     void (*layernorm)(struct backend *b, const struct tensor *out, const struct tensor *x,
                       const struct tensor *weight, const struct tensor *bias, float eps);
     void (*add)(struct backend *b, const struct tensor *out, const struct tensor *a,
@@ -474,6 +476,11 @@ void op_matmul_backward(struct backend *b, const struct tensor *dx, const struct
  * alias x. */
 void op_rmsnorm(struct backend *b, const struct tensor *out, const struct tensor *x,
                 const struct tensor *weight, float eps);
+/* The residual add and the next norm in one pass: sum = a + c, then out = op_rmsnorm(sum) (the
+ * bits of op_add then op_rmsnorm: the norm reads the sum as stored in sum's dtype). a, c, sum,
+ * out (n, d) of one dtype; weight (d); sum may alias a or c; out aliases none of them. */
+void op_add_rmsnorm(struct backend *b, const struct tensor *sum, const struct tensor *out, const struct tensor *a,
+                    const struct tensor *c, const struct tensor *weight, float eps);
 /* Backward, per row, r = 1 / sqrt(mean(x^2) + eps):
  *   dx = r (dout * weight) - r^3 / d * sum(dout * weight * x) * x,   dweight += dout * x * r
  * summed over the rows. weight is the one the forward multiplied by: Gemma's (1 + w) is added

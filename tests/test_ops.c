@@ -619,6 +619,57 @@ static void case_rmsnorm(struct suite *s, enum dtype dt, int n, int d, double ep
     case_end(s, name, &v);
 }
 
+/* op_add_rmsnorm against op_add then op_rmsnorm on the same backend: sum and out bit for bit (the
+ * norm must read the sum as stored), with sum separate or over a (alias 1) or over c (alias 2);
+ * out also against the double reference of rmsnorm(a + c) within rmsnorm's tolerance. */
+static void case_add_rmsnorm(struct suite *s, enum dtype dt, int n, int d, int alias)
+{
+    char name[128];
+    snprintf(name, sizeof name, "add_rmsnorm %s n=%d d=%d%s", dtype_name(dt), n, d,
+             alias == 1 ? " sum=a" : alias == 2 ? " sum=c" : "");
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    const size_t no = (size_t)n * d;
+    struct hbuf a = hbuf_uniform(s, dt, no, &r, -3.0, 3.0), c = hbuf_uniform(s, dt, no, &r, -1.0, 1.0);
+    struct hbuf w = hbuf_uniform(s, dt, (size_t)d, &r, -1.5, 1.5), ac = hbuf_make(s, dt, no);
+    for (size_t i = 0; i < no; i++) hbuf_set(&ac, i, (double)((float)a.val[i] + (float)c.val[i]));
+    double *want = case_alloc(s, no, sizeof(double)), *mag = case_alloc(s, no, sizeof(double));
+    double *tol = case_alloc(s, no, sizeof(double));
+    ref_rmsnorm(n, d, ac.val, w.val, 1e-5f, want, mag);
+    make_tol(tol, OP_RMSNORM, dt, want, mag, no);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *sum_bits = case_alloc(s, no, dtype_size(dt)), *out_bits = case_alloc(s, no, dtype_size(dt));
+    void *sum_seq = case_alloc(s, no, dtype_size(dt)), *out_seq = case_alloc(s, no, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        for (int fused = 0; fused < 2; fused++) {
+            struct arena ar = {.b = b};
+            void *sb = fused ? sum_bits : sum_seq, *ob = fused ? out_bits : out_seq;
+            struct tensor ta = alias == 1 ? arena_out(&ar, "a=sum", dt, S2(n, d), a.bits, sb)
+                                          : arena_in(&ar, "a", dt, S2(n, d), a.bits);
+            struct tensor tc = alias == 2 ? arena_out(&ar, "c=sum", dt, S2(n, d), c.bits, sb)
+                                          : arena_in(&ar, "c", dt, S2(n, d), c.bits);
+            struct tensor tw = arena_in(&ar, "weight", dt, S1(d), w.bits);
+            struct tensor ts = alias == 1 ? ta : alias == 2 ? tc : arena_out(&ar, "sum", dt, S2(n, d), NULL, sb);
+            struct tensor to = arena_out(&ar, "out", dt, S2(n, d), NULL, ob);
+            if (!fused) {
+                op_add(b, &ts, &ta, &tc);
+                op_rmsnorm(b, &to, &ts, &tw, 1e-5f);
+            } else if (SUPPORTED(&v, b, add_rmsnorm))
+                op_add_rmsnorm(b, &ts, &to, &ta, &tc, &tw, 1e-5f);
+            arena_finish(&ar, &v);
+        }
+        double *gs = decode(s, sum_bits, dt, no), *ws = decode(s, sum_seq, dt, no);
+        double *go = decode(s, out_bits, dt, no), *wo = decode(s, out_seq, dt, no);
+        compare_exact(&v, "sum against op_add", gs, ws, no, (size_t)d, 1);
+        compare_exact(&v, "out against op_add then op_rmsnorm", go, wo, no, (size_t)d, 1);
+        got[bi] = go;
+    }
+    check_close(s, &v, "out", got, want, tol, no, (size_t)d);
+    case_end(s, name, &v);
+}
+
 /* Rows carry offsets -4, 0, +4 (so that the mean matters); with n >= 3, row 1 is constant (the
  * output must be the bias). */
 static void case_layernorm(struct suite *s, enum dtype dt, int n, int d, double eps,
@@ -1475,6 +1526,11 @@ static void run_all(struct suite *s)
         case_layernorm(s, dt, 4, 129, 1e-6, 1, 1);
         case_rmsnorm(s, dt, 64, 769, 1e-5, 0, 1.0);
         case_layernorm(s, dt, 64, 769, 1e-5, 1, 0);
+        for (int alias = 0; alias < 3; alias++) {
+            case_add_rmsnorm(s, dt, 5, 2048, alias);
+            case_add_rmsnorm(s, dt, 3, 67, alias);
+        }
+        case_add_rmsnorm(s, dt, 64, 576, 0);
     }
 
     for (int di = 0; di < 3; di++) {

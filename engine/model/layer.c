@@ -131,16 +131,26 @@ void layer_mlp_inner(struct model *m, int l, int64_t T, const struct tensor *xn,
     }
 }
 
-/* out = x + [post_norm](proj): the sandwich norm (normed is its output) when the model has one. */
+/* The weight of the pre-norm that follows a residual add when the two may run as one pass
+ * (op_add_rmsnorm: the same bits as the add, then layer_pre_norm's op_rmsnorm), else NULL. */
+static const struct tensor *fused_pre_norm(const struct model *m, const struct tensor *w)
+{
+    return m->cfg.norm == NORM_KIND_RMSNORM && !m->cfg.no_pre_norms && !m->cfg.post_ln && w->data ? w : NULL;
+}
+
+/* out = x + [post_norm](proj): the sandwich norm (normed is its output) when the model has one;
+ * with next_w (fused_pre_norm), next = the following pre-norm of out, in the same pass. */
 static void residual_add(struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *proj,
-                         const struct tensor *normed, const struct tensor *post_norm)
+                         const struct tensor *normed, const struct tensor *post_norm, const struct tensor *next,
+                         const struct tensor *next_w)
 {
     const struct tensor *add = proj;
     if (m->cfg.sandwich_norms) {
         layer_norm(m, normed, proj, post_norm, NULL);
         add = normed;
     }
-    op_add(m->b, out, x, add);
+    if (next_w) op_add_rmsnorm(m->b, out, next, x, add, next_w, m->cfg.norm_eps);
+    else op_add(m->b, out, x, add);
 }
 
 /* out = x + [sandwich norm](the row-parallel product of in (T rows) by w, summed over tp into
@@ -150,14 +160,15 @@ static enum status row_parallel_residual(struct model *m, int l, enum lora_targe
                                          const struct tensor *out, const struct tensor *x, const struct tensor *in,
                                          const struct tensor *w, const struct tensor *bias,
                                          const struct tensor *proj, const struct tensor *normed,
-                                         const struct tensor *post_norm, const struct layer_hooks *h)
+                                         const struct tensor *post_norm, const struct layer_hooks *h,
+                                         const struct tensor *next, const struct tensor *next_w)
 {
     struct tensor part = h->partial(h->ctx, proj, T);
     op_matmul(m->b, &part, in, w, m->tp_rank == 0 ? opt(bias) : NULL);
     h->adapt(h->ctx, l, target, &part, in);
     enum status st = h->reduce(h->ctx, &part, proj);
     if (st != STATUS_OK) return st;
-    residual_add(m, out, x, proj, normed, post_norm);
+    residual_add(m, out, x, proj, normed, post_norm, next, next_w);
     return STATUS_OK;
 }
 
@@ -175,28 +186,30 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
     if ((st = h->gather(h->ctx, &t->xn1, T, &full)) != STATUS_OK) return st;
     if ((st = layer_attention_inner(m, l, T, &full, t, h)) != STATUS_OK) return st;
     struct tensor att = tensor_view2(&t->att, T, hq);
+    /* x_mid's add and the MLP's pre-norm (xn2) in one pass where they may be (RMSNorm before it) */
+    const struct tensor *mlp_norm = fused_pre_norm(m, &w->mlp_norm);
     if ((st = row_parallel_residual(m, l, LORA_TARGET_O, T, &t->x_mid, &t->x_in, &att, &w->wo, &w->bo, &t->attn_out,
-                                    &t->normed, &w->post_attn_norm, h)) != STATUS_OK)
+                                    &t->normed, &w->post_attn_norm, h, &t->xn2, mlp_norm)) != STATUS_OK)
         return st;
     /* Post-LN (BERT): x_mid = norm(x_in + attention), in place. Training refuses encoders, so
      * its backward never needs this norm's input. */
     if (m->cfg.post_ln) layer_norm(m, &t->x_mid, &t->x_mid, &w->attn_norm, &w->attn_norm_bias);
 
     /* MLP block: x = x_mid + [norm](down(act(gate(xn2)) * up(xn2))), or down(act(up(xn2))). */
-    layer_pre_norm(m, &t->xn2, &t->x_mid, &w->mlp_norm, &w->mlp_norm_bias);
+    if (!mlp_norm) layer_pre_norm(m, &t->xn2, &t->x_mid, &w->mlp_norm, &w->mlp_norm_bias);
     if ((st = h->gather(h->ctx, &t->xn2, T, &full)) != STATUS_OK) return st;
     if (config_layer_moe(&m->cfg, m->layer_first + l)) { /* a mixture of experts (moe.h); each tp rank its experts, summed as a row-parallel product */
         struct tensor proj = tensor_first_rows(&t->mlp_out, tensor_rows(&t->x)), part = h->partial(h->ctx, &proj, T);
         if ((st = moe_forward(m, l, T, &full, &part, t->moe)) != STATUS_OK) return st;
         /* Serving's expert parallelism joined the slices over the whole ep group (moe_ep_join). */
         if (!m->par.ep && (st = h->reduce(h->ctx, &part, &proj)) != STATUS_OK) return st;
-        residual_add(m, &t->x, &t->x_mid, &proj, &t->normed, &w->post_mlp_norm);
+        residual_add(m, &t->x, &t->x_mid, &proj, &t->normed, &w->post_mlp_norm, NULL, NULL);
         return STATUS_OK;
     }
     layer_mlp_inner(m, l, T, &full, t, h);
     struct tensor hact = layer_ffn_view(&t->hact, T, w);
     if ((st = row_parallel_residual(m, l, LORA_TARGET_DOWN, T, &t->x, &t->x_mid, &hact, &w->w_down, &w->b_down,
-                                    &t->mlp_out, &t->normed, &w->post_mlp_norm, h)) != STATUS_OK)
+                                    &t->mlp_out, &t->normed, &w->post_mlp_norm, h, NULL, NULL)) != STATUS_OK)
         return st;
     if (m->cfg.post_ln) layer_norm(m, &t->x, &t->x, &w->mlp_norm, &w->mlp_norm_bias); /* x = norm(x_mid + mlp) */
     return STATUS_OK;

@@ -163,6 +163,7 @@ static const struct backend_ops cpu_backend_ops = {
     .position_embedding_add = cpu_position_embedding_add,
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
     .layernorm = cpu_layernorm,
     .add = cpu_add,
     .scale = cpu_scale,

@@ -121,6 +121,8 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
                 const struct tensor *w, const struct tensor *bias);
 void cpu_rmsnorm(struct backend *b, const struct tensor *out, const struct tensor *x,
                  const struct tensor *weight, float eps);
+void cpu_add_rmsnorm(struct backend *b, const struct tensor *sum, const struct tensor *out,
+                    const struct tensor *a, const struct tensor *c, const struct tensor *weight, float eps);
 void cpu_layernorm(struct backend *b, const struct tensor *out, const struct tensor *x,
                    const struct tensor *weight, const struct tensor *bias, float eps);
 void cpu_add(struct backend *b, const struct tensor *out, const struct tensor *a,

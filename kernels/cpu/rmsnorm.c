@@ -1,5 +1,5 @@
 /* kernels/cpu/rmsnorm.c - op_rmsnorm on the CPU: x / sqrt(mean(x^2) + eps) * weight, and its
- * backward.
+ * backward; op_add_rmsnorm, the residual add before it in the same pass.
  * Tests: tests/test_ops.c (rmsnorm cases), tests/test_ops_backward.c (rmsnorm_backward). */
 #include <math.h>
 #include <string.h>
@@ -19,23 +19,45 @@ static double sum_squares_f64(const float *x, int64_t d)
     return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
 
-void cpu_rmsnorm(struct backend *b, const struct tensor *out, const struct tensor *x,
-                 const struct tensor *weight, float eps)
+/* Rows of out = rmsnorm(x); with c non-NULL, x is first a + c, stored in sum as op_add stores it and
+ * read back from there (its dtype's rounding), as op_rmsnorm would read it. */
+static void norm_rows(struct backend *b, const struct tensor *sum, const struct tensor *out, const struct tensor *x,
+                      const struct tensor *c, const struct tensor *weight, float eps)
 {
     int64_t n = tensor_rows(x), d = tensor_cols(x);
-    size_t per = 3 * (size_t)d;
+    size_t per = 4 * (size_t)d;
     float *scratch = cpu_scratch(b, per);
     #pragma omp parallel for schedule(static) if (n * d > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i++) {
         float *tmp = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per);
-        const float *xr = cpu_load_row(x, (size_t)(i * d), (size_t)d, tmp);
+        const size_t off = (size_t)(i * d);
+        const float *xr = cpu_load_row(x, off, (size_t)d, tmp);
+        if (c) {
+            const float *cr = cpu_load_row(c, off, (size_t)d, tmp + 3 * d);
+            float *sr = cpu_out_row(sum, off, tmp + 3 * d); /* (cr's element j is read before sr's is written) */
+            for (int64_t j = 0; j < d; j++) sr[j] = xr[j] + cr[j];
+            cpu_store_row(sum, off, (size_t)d, sr);
+            xr = cpu_load_row(sum, off, (size_t)d, tmp); /* in place when f32; else the stored, rounded sum */
+        }
         const float *wr = cpu_load_row(weight, 0, (size_t)d, tmp + d);
         const double ss = sum_squares_f64(xr, d);
         float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
-        float *o = cpu_out_row(out, (size_t)(i * d), tmp + 2 * d);
+        float *o = cpu_out_row(out, off, tmp + 2 * d);
         for (int64_t j = 0; j < d; j++) o[j] = xr[j] * inv * wr[j];
-        cpu_store_row(out, (size_t)(i * d), (size_t)d, o);
+        cpu_store_row(out, off, (size_t)d, o);
     }
+}
+
+void cpu_rmsnorm(struct backend *b, const struct tensor *out, const struct tensor *x,
+                 const struct tensor *weight, float eps)
+{
+    norm_rows(b, NULL, out, x, NULL, weight, eps);
+}
+
+void cpu_add_rmsnorm(struct backend *b, const struct tensor *sum, const struct tensor *out, const struct tensor *a,
+                     const struct tensor *c, const struct tensor *weight, float eps)
+{
+    norm_rows(b, sum, out, a, c, weight, eps);
 }
 
 /* Deterministic for a given thread count: threads are summed in their order. */

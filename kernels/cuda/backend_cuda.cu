@@ -170,6 +170,7 @@ static const struct backend_ops cuda_backend_ops = {
     .matmul = cuda_matmul,
     .matmul_many = cuda_matmul_many,
     .rmsnorm = cuda_rmsnorm,
+    .add_rmsnorm = cuda_add_rmsnorm,
     .layernorm = cuda_layernorm,
     .add = cuda_add,
     .scale = cuda_scale,

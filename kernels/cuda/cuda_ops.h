@@ -30,6 +30,8 @@ void cuda_matmul_many(struct backend *b, int count, const struct tensor *const *
                       const struct tensor *const *w, const struct tensor *const *bias);
 void cuda_rmsnorm(struct backend *b, const struct tensor *out, const struct tensor *x,
                   const struct tensor *weight, float eps);
+void cuda_add_rmsnorm(struct backend *b, const struct tensor *sum, const struct tensor *out,
+                     const struct tensor *a, const struct tensor *c, const struct tensor *weight, float eps);
 void cuda_layernorm(struct backend *b, const struct tensor *out, const struct tensor *x,
                     const struct tensor *weight, const struct tensor *bias, float eps);
 void cuda_add(struct backend *b, const struct tensor *out, const struct tensor *a,
