@@ -211,6 +211,9 @@ int32_t     take_token(struct conductor *c, struct seq *s, const float *row, int
  * or from them and the row's mass (sampler_nucleus_fits), as the very token sampler_sample would
  * draw from the whole row, with nothing else read from the row: no logit bias, banned ids
  * (min_tokens), constraint or log-probabilities, one sample. */
+/* Step 3's device plan (conductor_device.c): how the step's logits rows may stay on the device and
+ * what they ask it for (step_greedy, step_top, the edits and masks, masses, draws, normalisers). */
+void        conductor_device_plan(struct conductor *c);
 int         top_eligible(const struct conductor *c, const struct seq *s);
 /* Whether s's logits row needs edits before its sampler reads it (a logit bias, ids banned before
  * min_tokens, a penalty): made on the device (row_edits) when its step samples there. */
