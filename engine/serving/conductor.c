@@ -377,7 +377,7 @@ static enum status run_planned_step(struct conductor *c)
         st = plan_exchange(c, &ph);
         c->sched.n_copies = 0;
     }
-    conductor_device_plan(c);
+    conductor_device_plan(c, n_micro);
     if (st == STATUS_OK) st = run_forward(c, b->n_rows, b->n_seqs, b->n_logits, n_micro);
     pthread_mutex_lock(&c->mu);
     c->stats.steps++;

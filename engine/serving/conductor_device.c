@@ -67,26 +67,31 @@ static void top_requests(struct conductor *c)
     }
 }
 
+/* Grows the array at *arr (void **, as &c->edit_rows) to n entries of size bytes: 0 when out of
+ * memory (*arr kept as it was). */
+static int grow(void *arr, size_t n, size_t size)
+{
+    void *old;
+    memcpy(&old, arr, sizeof old);
+    void *p = realloc(old, n * size);
+    if (p) memcpy(arr, &p, sizeof p);
+    return p != NULL;
+}
+
 /* The entry of token id in the row being built (row_edits): found through c->edit_at, or a new one
  * that changes nothing yet (add 0, rep 1, sub 0). -1 when out of memory. */
 static int edit_of(struct conductor *c, int row, int32_t id)
 {
     if (c->edit_at[id] >= 0) return c->edit_at[id];
     if (c->n_edits == c->edits_cap) {
-        const int cap = c->edits_cap ? 2 * c->edits_cap : 1024;
-        int32_t *rows = realloc(c->edit_rows, (size_t)cap * sizeof *rows);
-        if (rows) c->edit_rows = rows;
-        int32_t *ids = realloc(c->edit_ids, (size_t)cap * sizeof *ids);
-        if (ids) c->edit_ids = ids;
-        int32_t *count = realloc(c->edit_count, (size_t)cap * sizeof *count);
-        if (count) c->edit_count = count;
-        float *vals = realloc(c->edit_vals, 3 * (size_t)cap * sizeof *vals);
-        if (vals) c->edit_vals = vals;
-        if (!rows || !ids || !count || !vals) return -1;
-        c->edits_cap = cap;
+        const size_t cap = c->edits_cap ? 2 * (size_t)c->edits_cap : 1024;
+        if (!(grow(&c->edit_rows, cap, sizeof *c->edit_rows) & grow(&c->edit_ids, cap, sizeof *c->edit_ids) &
+              grow(&c->edit_vals, 3 * cap, sizeof *c->edit_vals)))
+            return -1;
+        c->edits_cap = (int)cap;
     }
     const int e = c->n_edits++;
-    c->edit_rows[e] = row, c->edit_ids[e] = id, c->edit_count[e] = 0;
+    c->edit_rows[e] = row, c->edit_ids[e] = id;
     c->edit_vals[3 * e] = 0.0f, c->edit_vals[3 * e + 1] = 1.0f, c->edit_vals[3 * e + 2] = 0.0f;
     c->edit_at[id] = e;
     return e;
@@ -100,22 +105,18 @@ static int row_edits(struct conductor *c, const struct seq *s, int row)
 {
     const struct request *r = s->req;
     const struct sampling_params *p = &r->p.sampling;
-    const int V = c->m->cfg.vocab_size, eos = conductor_eos_id(c), first = c->n_edits;
+    const int V = c->m->cfg.vocab_size, first = c->n_edits;
     const int32_t *out = s->tokens + r->n_prompt;
     int ok = 1;
     for (int i = 0; i < r->p.n_logit_bias && ok; i++) {
         const int e = edit_of(c, row, r->bias_ids[i]);
         if ((ok = e >= 0)) c->edit_vals[3 * e] = r->bias_values[i];
     }
-    if (s->n_generated < r->p.min_tokens) {
-        for (int i = -1; i < r->p.n_stop_token_ids + r->p.n_end_ids && ok; i++) {
-            const int32_t id = i < 0 ? (r->p.ignore_eos ? -1 : eos)
-                             : i < r->p.n_stop_token_ids ? r->stop_ids[i]
-                             : r->p.ignore_eos ? -1 : r->p.end_ids[i - r->p.n_stop_token_ids];
-            if (id < 0 || id >= V) continue;
-            const int e = edit_of(c, row, id);
-            if ((ok = e >= 0)) c->edit_vals[3 * e] = -INFINITY;
-        }
+    for (int i = 0, n = ban_slots(s, s->n_generated); i < n && ok; i++) {
+        const int32_t id = ban_id(c, s, i);
+        if (id < 0) continue;
+        const int e = edit_of(c, row, id);
+        if ((ok = e >= 0)) c->edit_vals[3 * e] = -INFINITY;
     }
     if (p->repetition_penalty != 1.0f)
         for (int pass = 0; pass < 2 && ok; pass++) {
@@ -131,11 +132,12 @@ static int row_edits(struct conductor *c, const struct seq *s, int row)
         for (int i = 0; i < s->n_generated && ok; i++) {
             if (out[i] < 0 || out[i] >= V) continue;
             const int e = edit_of(c, row, out[i]);
-            if ((ok = e >= 0)) c->edit_count[e]++;
+            if ((ok = e >= 0)) c->edit_vals[3 * e + 2] += 1.0f; /* the count first (exact below 2^24) */
         }
-        for (int e = first; e < c->n_edits && ok; e++)
-            if (c->edit_count[e] > 0)
-                c->edit_vals[3 * e + 2] = p->presence_penalty + p->frequency_penalty * (float)c->edit_count[e];
+        for (int e = first; e < c->n_edits && ok; e++) {
+            const float count = c->edit_vals[3 * e + 2];
+            if (count > 0.0f) c->edit_vals[3 * e + 2] = p->presence_penalty + p->frequency_penalty * count;
+        }
     }
     for (int e = first; e < c->n_edits; e++) c->edit_at[c->edit_ids[e]] = -1;
     return ok;
@@ -163,17 +165,11 @@ static int step_edits(struct conductor *c)
     return 1;
 }
 
-/* Whether id is banned from s's next token (sampling_logits: EOS, stop ids and end-of-turn ids
- * before min_tokens). */
+/* Whether id is banned from s's next token (ban_slots). */
 static int banned(const struct conductor *c, const struct seq *s, int32_t id)
 {
-    const struct request *r = s->req;
-    if (s->n_generated >= r->p.min_tokens) return 0;
-    if (!r->p.ignore_eos && id == conductor_eos_id(c)) return 1;
-    for (int i = 0; i < r->p.n_stop_token_ids; i++)
-        if (r->stop_ids[i] == id) return 1;
-    for (int i = 0; i < r->p.n_end_ids && !r->p.ignore_eos; i++)
-        if (r->p.end_ids[i] == id) return 1;
+    for (int i = 0, n = ban_slots(s, s->n_generated); i < n; i++)
+        if (ban_id(c, s, i) == id) return 1;
     return 0;
 }
 
@@ -193,11 +189,9 @@ static int step_masks(struct conductor *c)
         if (s->n_rows == 0 || s->state != SEQ_RUNNING || !s->wants_sample || !s->req->grammar) continue;
         if (c->n_masks == c->masks_cap) {
             const int cap = c->masks_cap ? 2 * c->masks_cap : 8;
-            int32_t *rows = realloc(c->mask_rows, (size_t)cap * sizeof *rows);
-            if (rows) c->mask_rows = rows;
-            uint32_t *masks = realloc(c->masks, (size_t)cap * (size_t)words * sizeof *masks);
-            if (masks) c->masks = masks;
-            if (!rows || !masks) return 0;
+            if (!(grow(&c->mask_rows, (size_t)cap, sizeof *c->mask_rows) &
+                  grow(&c->masks, (size_t)cap * (size_t)words, sizeof *c->masks)))
+                return 0;
             c->masks_cap = cap;
         }
         uint32_t *mask = c->masks + (size_t)c->n_masks * (size_t)words;
@@ -222,11 +216,11 @@ static int step_masks(struct conductor *c)
 }
 
 /* Step 3's device plan: the grade (step_greedy, step_top), the edits and masks, and what the top
- * candidates' rows ask for beside them; a step whose edits or masks cannot be made downloads its
- * rows. */
-void conductor_device_plan(struct conductor *c)
+ * candidates' rows ask for beside them; a step of several micro-batches (run_forward takes the
+ * host's path then) or whose edits or masks cannot be made downloads its rows. */
+void conductor_device_plan(struct conductor *c, int n_micro)
 {
-    int dev = c->device_greedy ? step_device_sampling(c) : 0;
+    int dev = c->device_greedy && n_micro == 1 ? step_device_sampling(c) : 0;
     c->n_edits = c->n_masks = 0;
     if (dev && (!step_edits(c) || !step_masks(c))) dev = 0, c->n_edits = c->n_masks = 0;
     c->step_greedy = dev > 0;

@@ -143,10 +143,10 @@ struct conductor {
     /* Edits of single logits made on the device before all of it (op_logit_edit, row_edits): a
      * row's logit bias, the ids banned before min_tokens, its penalties, one entry per (row, token):
      * n_edits of them this step in edit_rows / edit_ids / edit_vals (edits_cap allocated); edit_at
-     * (vocab, -1 between rows) a token's entry in the row being built, edit_count its count in the
-     * output (frequency penalty); edits_used whether any step made any (logged once). */
+     * (vocab, -1 between rows) a token's entry in the row being built; edits_used whether any step
+     * made any (logged once). */
     int      n_edits, edits_cap, edits_used;
-    int32_t *edit_rows, *edit_ids, *edit_at, *edit_count;
+    int32_t *edit_rows, *edit_ids, *edit_at;
     float   *edit_vals;
     /* Constraints' masks made on the device after the edits (op_logit_mask, step_masks): n_masks
      * rows this step, mask_rows their logits rows, masks their bits ((vocab + 31) / 32 words each,
@@ -211,10 +211,11 @@ int32_t     take_token(struct conductor *c, struct seq *s, const float *row, int
  * or from them and the row's mass (sampler_nucleus_fits), as the very token sampler_sample would
  * draw from the whole row, with nothing else read from the row: no logit bias, banned ids
  * (min_tokens), constraint or log-probabilities, one sample. */
-/* Step 3's device plan (conductor_device.c): how the step's logits rows may stay on the device and
- * what they ask it for (step_greedy, step_top, the edits and masks, masses, draws, normalisers). */
-void        conductor_device_plan(struct conductor *c);
 int         top_eligible(const struct conductor *c, const struct seq *s);
+/* Step 3's device plan (conductor_device.c) for a step of n_micro micro-batches: how its logits
+ * rows may stay on the device (only with one micro-batch) and what they ask it for (step_greedy,
+ * step_top, the edits and masks, masses, draws, normalisers). */
+void        conductor_device_plan(struct conductor *c, int n_micro);
 /* Whether s's logits row needs edits before its sampler reads it (a logit bias, ids banned before
  * min_tokens, a penalty): made on the device (row_edits) when its step samples there. */
 int         seq_edited(const struct seq *s);
@@ -245,6 +246,12 @@ int         constrain(struct conductor *c, struct seq *s, float *lg);
  * transforms: row plus the logit bias, with EOS and the stop ids banned before min_tokens, into
  * lg (vocab). take_token applies it, and the draft model shapes its rows with it. */
 void        sampling_logits(struct conductor *c, const struct seq *s, const float *row, int n_generated, float *lg);
+/* The ids banned from s's sample after n_generated output tokens: before min_tokens, EOS and the
+ * end-of-turn ids (unless ignore_eos) and the stop ids. Slots 0 .. ban_slots - 1, each ban_id: an
+ * id, or -1 for one that bans nothing. sampling_logits bans them on the host, the device's edits
+ * (row_edits) and its masks' check (banned) read the same list. */
+int         ban_slots(const struct seq *s, int n_generated);
+int32_t     ban_id(const struct conductor *c, const struct seq *s, int slot);
 /* Emits tok, chosen from row, as s's next token (log-probabilities from row, stop conditions),
  * finishing s when it ends; returns tok, or -1 when s ended with an error instead (out of memory
  * starting its constraint's matcher). c->scratch[0 .. V) is overwritten. */

@@ -212,14 +212,26 @@ int32_t take_top(struct conductor *c, struct seq *s, int lrow)
 void sampling_logits(struct conductor *c, const struct seq *s, const float *row, int n_generated, float *lg)
 {
     const struct request *r = s->req;
-    const int V = c->m->cfg.vocab_size, eos = conductor_eos_id(c);
-    memcpy(lg, row, (size_t)V * sizeof *lg);
+    memcpy(lg, row, (size_t)c->m->cfg.vocab_size * sizeof *lg);
     for (int i = 0; i < r->p.n_logit_bias; i++) lg[r->bias_ids[i]] += r->bias_values[i];
-    if (n_generated < r->p.min_tokens) { /* too early to stop: EOS and stop ids are banned */
-        if (eos >= 0 && !r->p.ignore_eos) lg[eos] = -INFINITY;
-        for (int i = 0; i < r->p.n_stop_token_ids; i++) lg[r->stop_ids[i]] = -INFINITY;
-        for (int i = 0; i < r->p.n_end_ids && !r->p.ignore_eos; i++) lg[r->p.end_ids[i]] = -INFINITY;
+    for (int i = 0, n = ban_slots(s, n_generated); i < n; i++) { /* too early to stop */
+        const int32_t id = ban_id(c, s, i);
+        if (id >= 0) lg[id] = -INFINITY;
     }
+}
+
+int ban_slots(const struct seq *s, int n_generated)
+{
+    const struct request *r = s->req;
+    return n_generated < r->p.min_tokens ? 1 + r->p.n_stop_token_ids + r->p.n_end_ids : 0;
+}
+
+int32_t ban_id(const struct conductor *c, const struct seq *s, int slot)
+{
+    const struct request *r = s->req;
+    if (slot == 0) return r->p.ignore_eos ? -1 : conductor_eos_id(c);
+    if (--slot < r->p.n_stop_token_ids) return r->stop_ids[slot];
+    return r->p.ignore_eos ? -1 : r->p.end_ids[slot - r->p.n_stop_token_ids];
 }
 
 /* take_chosen's taking, with tok's log-probability and the top ones (top_lp NULL: none asked). */

@@ -286,7 +286,6 @@ void conductor_free(struct conductor *c)
     free(c->edit_rows);
     free(c->edit_ids);
     free(c->edit_vals);
-    free(c->edit_count);
     free(c->mask_rows);
     free(c->masks);
     free(c->gmask);
