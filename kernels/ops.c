@@ -391,6 +391,14 @@ static void check_rope_args(struct backend *b, const struct tensor *x, const str
     CHECK(style == ROPE_STYLE_PAIRS || style == ROPE_STYLE_HALVES, "rope style %d", (int)style);
 }
 
+void rope_frequencies(float theta, int rot_dim, const float *factors, float *freqs)
+{
+    for (int i = 0; i < rot_dim / 2; i++) {
+        freqs[i] = powf(theta, -(float)(2 * i) / (float)rot_dim);
+        if (factors) freqs[i] /= factors[i];
+    }
+}
+
 void op_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
              int rot_dim, const struct rope_params *rp, enum rope_style style)
 {

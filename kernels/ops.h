@@ -52,15 +52,20 @@ enum rope_style {
     ROPE_STYLE_HALVES, /* rotate (x[i], x[i + rot_dim/2]): Hugging Face Llama, GPT-NeoX */
 };
 
-/* A rotary embedding's frequencies: pair i turns by pos * theta^(-2i/rot_dim) / factors[i]
- * (factors NULL: 1; else f32 (rot_dim / 2) on the backend's device: a rope scaling, linear,
- * llama3 or YaRN, that the model computes at load, or a GGUF's rope_freqs), and the rotated
- * features are multiplied by attn_factor (YaRN's attention factor on cos and sin; 1 otherwise). */
+/* A rotary embedding: pair i of the first rot_dim features turns by pos * freqs[i] (host memory,
+ * rot_dim / 2 values, at most ROPE_MAX_PAIRS: rope_frequencies' table, which a model computes once
+ * at load), and the rotated features are multiplied by attn_factor (YaRN's attention factor on cos
+ * and sin; 1 otherwise). A backend may pass the table to its kernels by value (CUDA). */
+#define ROPE_MAX_PAIRS 256
 struct rope_params {
-    float                theta;
-    const struct tensor *factors;
-    float                attn_factor;
+    const float *freqs;
+    float        attn_factor;
 };
+
+/* freqs[i] = theta^(-2i / rot_dim) / factors[i] for i < rot_dim / 2 (factors NULL: 1; else a rope
+ * scaling, linear, llama3 or YaRN, or a GGUF's rope_freqs), in f32 as llama2.c and Hugging Face
+ * compute them (powf, then the division). */
+void rope_frequencies(float theta, int rot_dim, const float *factors, float *freqs);
 
 enum activation {
     ACTIVATION_SILU,      /* x * sigmoid(x) */

@@ -45,12 +45,10 @@ static inline void check_vector(const struct tensor *t, int64_t n, enum dtype dt
 
 static inline void check_rope(struct backend *b, const struct rope_params *rp, int rot_dim)
 {
-    CHECK(rp && rp->theta > 0.0f && rp->attn_factor > 0.0f, "rope theta %g, attn_factor %g",
-          rp ? (double)rp->theta : 0.0, rp ? (double)rp->attn_factor : 0.0);
-    if (!rp->factors) return;
-    check_on(b, rp->factors, "rope factors");
-    CHECK(rp->factors->dtype == DTYPE_F32, "rope factors must be f32, are %s", DESC(rp->factors));
-    CHECK(tensor_numel(rp->factors) == rot_dim / 2, "rope factors %s for rot_dim %d", DESC(rp->factors), rot_dim);
+    (void)b;
+    CHECK(rp && rp->freqs && rp->attn_factor > 0.0f, "rope: frequencies %s, attn_factor %g",
+          rp && rp->freqs ? "given" : "missing", rp ? (double)rp->attn_factor : 0.0);
+    CHECK(rot_dim / 2 <= ROPE_MAX_PAIRS, "rope: rot_dim %d, at most %d", rot_dim, 2 * ROPE_MAX_PAIRS);
 }
 
 #endif

@@ -805,6 +805,8 @@ static void case_rope(struct suite *s, enum dtype dt, int n, int h, int hd, int 
     float *factors = scaled ? case_alloc(s, (size_t)rot / 2, sizeof(float)) : NULL;
     for (int i = 0; scaled && i < rot / 2; i++) factors[i] = 1.0f + 7.0f * (float)i / (float)rot; /* 1 .. 4.5 */
     const float attn = scaled ? 1.25f : 1.0f;
+    float *freqs = case_alloc(s, (size_t)rot / 2, sizeof(float));
+    rope_frequencies(theta, rot, factors, freqs);
     ref_rope(n, h, hd, x.val, pos, rot, (double)theta, factors, attn, style, want, mag);
     make_tol(tol, OP_ROPE, dt, want, mag, no);
     struct verdict v = {.worst_ratio = -1.0};
@@ -815,8 +817,7 @@ static void case_rope(struct suite *s, enum dtype dt, int n, int h, int hd, int 
         struct arena a = {.b = b};
         struct tensor tx = arena_out(&a, "x", dt, S3(n, h, hd), x.bits, bits);
         struct tensor tp = arena_in(&a, "positions", DTYPE_I32, S1(n), pos);
-        struct tensor tf = scaled ? arena_in(&a, "factors", DTYPE_F32, S1(rot / 2), factors) : (struct tensor){0};
-        const struct rope_params rp = {.theta = theta, .factors = scaled ? &tf : NULL, .attn_factor = attn};
+        const struct rope_params rp = {.freqs = freqs, .attn_factor = attn};
         if (SUPPORTED(&v, b, rope)) op_rope(b, &tx, &tp, rot, &rp, style);
         arena_finish(&a, &v);
         got[bi] = decode(s, bits, dt, no);
@@ -841,6 +842,8 @@ static void case_rope_qk(struct suite *s, enum dtype dt, int n, int h, int kv, i
     double *want = case_alloc(s, nq, sizeof(double)), *mag = case_alloc(s, nq, sizeof(double));
     double *tol = case_alloc(s, nq, sizeof(double));
     ref_rope(n, h, hd, q.val, pos, rot, 10000.0, NULL, 1.0f, style, want, mag);
+    float *freqs = case_alloc(s, (size_t)rot / 2, sizeof(float));
+    rope_frequencies(10000.0f, rot, NULL, freqs);
     make_tol(tol, OP_ROPE, dt, want, mag, nq);
     struct verdict v = {.worst_ratio = -1.0};
     double *got[2] = {0};
@@ -854,7 +857,7 @@ static void case_rope_qk(struct suite *s, enum dtype dt, int n, int h, int kv, i
         struct tensor tq1 = arena_out(&a, "q (op_rope)", dt, S3(n, h, hd), q.bits, q1);
         struct tensor tk1 = arena_out(&a, "k (op_rope)", dt, S3(n, kv, hd), k.bits, k1);
         struct tensor tp = arena_in(&a, "positions", DTYPE_I32, S1(n), pos);
-        const struct rope_params rp = {.theta = 10000.0f, .attn_factor = 1.0f};
+        const struct rope_params rp = {.freqs = freqs, .attn_factor = 1.0f};
         if (SUPPORTED(&v, b, rope)) {
             op_rope_qk(b, &tq, &tk, &tp, rot, &rp, style);
             op_rope(b, &tq1, &tp, rot, &rp, style);

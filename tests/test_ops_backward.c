@@ -620,6 +620,8 @@ static void case_rope_backward(struct suite *s, enum dtype dt, int n, int h, int
     struct verdict v = {.worst_ratio = -1.0};
     double *fx = dalloc(s, nx);
     for (size_t e = 0; e < nx; e++) fx[e] = rng_range(&r, -1, 1);
+    float *freqs = case_alloc(s, (size_t)rot / 2, sizeof(float));
+    rope_frequencies(theta, rot, NULL, freqs);
     struct rope_ctx ctx = {n, h, hd, rot, (double)theta, style, pos, dout.val, fx};
     check_fd(&v, "dx", fx, nx, gx, rope_loss, &ctx, &r);
     make_tol(tol, dt, 1, 4 * U32, 4 * U32, gx, mx, nx);
@@ -630,7 +632,7 @@ static void case_rope_backward(struct suite *s, enum dtype dt, int n, int h, int
         struct arena a = {.b = b};
         struct tensor tx = arena_out(&a, "dx", dt, S3(n, h, hd), dout.bits, bits);
         struct tensor tp = arena_in(&a, "positions", DTYPE_I32, S1(n), pos);
-        const struct rope_params rp = {.theta = theta, .factors = NULL, .attn_factor = 1.0f};
+        const struct rope_params rp = {.freqs = freqs, .attn_factor = 1.0f};
         if (SUPPORTED(&v, b, rope_backward)) op_rope_backward(b, &tx, &tp, rot, &rp, style);
         arena_finish(&a, &v);
         got[bi] = decode(s, bits, dt, nx);

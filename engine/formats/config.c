@@ -625,6 +625,9 @@ enum status config_validate(const struct model_config *c, const char *name)
             return status_errorf(STATUS_BAD_FORMAT,
                                  "%s: rot_dim %d must be even and in 2..head_dim (%d)", name,
                                  c->rot_dim, c->head_dim);
+        if (c->rot_dim / 2 > ROPE_MAX_FACTORS)
+            return status_errorf(STATUS_UNSUPPORTED, "%s: rot_dim %d: at most %d rotated features a head are supported",
+                                 name, c->rot_dim, 2 * ROPE_MAX_FACTORS);
     }
     if (!isfinite(c->embed_scale) || c->embed_scale < 0.0f || !isfinite(c->attn_scale) ||
         c->attn_scale < 0.0f || !isfinite(c->norm_weight_offset) || !isfinite(c->rope_theta_local) ||

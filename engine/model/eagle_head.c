@@ -63,7 +63,7 @@ void eagle_head_shape(struct model *h, const struct model *target, const struct 
     h->vocab_local = ends->vocab_local;
     h->w.tok_embedding = ends->w.tok_embedding;
     h->w.lm_head = ends->w.lm_head;
-    h->rope_factors = ends->rope_factors;
+    memcpy(h->rope_freqs, ends->rope_freqs, sizeof h->rope_freqs);
     snprintf(h->quantization, sizeof h->quantization, "none");
 }
 

@@ -14,8 +14,7 @@ void layer_attention_kind(const struct model *m, int layer, int *window, struct 
     const int local_theta = !global && pattern > 0 && m->cfg.rope_theta_local > 0.0f;
     *window = pattern > 0 && global ? 0 : m->cfg.sliding_window;
     /* A rope scaling applies to the layers of rope_theta (Gemma 3: the global ones). */
-    *rope = (struct rope_params){.theta = local_theta ? m->cfg.rope_theta_local : m->cfg.rope_theta,
-                                 .factors = !local_theta && m->rope_factors.data ? &m->rope_factors : NULL,
+    *rope = (struct rope_params){.freqs = m->rope_freqs[local_theta],
                                  .attn_factor = local_theta ? 1.0f : m->cfg.rope_scaling.attention_factor};
     if (!(rope->attn_factor > 0.0f)) rope->attn_factor = 1.0f; /* a config built by hand, not parsed */
 }

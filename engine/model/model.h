@@ -144,8 +144,10 @@ struct model {
      * Tensors loaded zero-copy (CPU, matching dtype) point into the checkpoint's read-only
      * mapping instead, so the checkpoint stays open for the model's lifetime. */
     struct model_weights w;
-    struct tensor rope_factors;    /* f32 (rot_dim / 2) divisors of the rotary frequencies of the
-                                      layers that use rope_theta (cfg.rope_scaling), or absent */
+    /* The rotary frequencies (rope_frequencies; rot_dim / 2 of each used): [0] the layers of
+     * rope_theta, divided by cfg.rope_scaling's factors when it has them, [1] those of
+     * rope_theta_local (layer_attention_kind). */
+    float rope_freqs[2][ROPE_MAX_PAIRS];
     void **owned;                  /* (n_owned) */
     size_t n_owned, cap_owned;
     struct checkpoint *checkpoint;

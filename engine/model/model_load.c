@@ -341,27 +341,20 @@ int model_rope_factors(const struct model_config *c, double *out)
     return 1;
 }
 
-/* m->rope_factors from the config's rope scaling (absent without one), on the device. */
-static enum status load_rope_factors(struct model *m)
+/* m->rope_freqs from the config's thetas and rope scaling (config_validate bounds rot_dim / 2 by
+ * ROPE_MAX_FACTORS). */
+_Static_assert(ROPE_MAX_FACTORS <= ROPE_MAX_PAIRS, "a config's rot_dim must fit the rope table");
+static void load_rope_freqs(struct model *m)
 {
-    const int half = m->cfg.rot_dim / 2;
-    double *d = half > 0 ? malloc((size_t)half * sizeof *d) : NULL;
-    float *f = half > 0 ? malloc((size_t)half * sizeof *f) : NULL;
-    enum status st = STATUS_OK;
-    if (half > 0 && (!d || !f)) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
-    else if (half > 0 && model_rope_factors(&m->cfg, d)) {
-        for (int i = 0; i < half; i++) f[i] = (float)d[i];
-        void *dev = NULL;
-        if ((st = backend_alloc(m->b, (size_t)half * sizeof *f, &dev)) == STATUS_OK && (st = own(m, dev)) != STATUS_OK)
-            backend_free(m->b, dev);
-        if (st == STATUS_OK) {
-            backend_upload(m->b, dev, f, (size_t)half * sizeof *f);
-            m->rope_factors = tensor_make(dev, DTYPE_F32, m->b->device, 1, (int64_t)half);
-        }
-    }
-    free(d);
-    free(f);
-    return st;
+    const struct model_config *c = &m->cfg;
+    const int half = c->rot_dim / 2;
+    if (c->positions != POSITION_KIND_ROTARY || half <= 0 || half > ROPE_MAX_PAIRS) return;
+    double d[ROPE_MAX_PAIRS];
+    float f[ROPE_MAX_PAIRS];
+    const int scaled = model_rope_factors(c, d);
+    for (int i = 0; i < half && scaled; i++) f[i] = (float)d[i];
+    rope_frequencies(c->rope_theta, c->rot_dim, scaled ? f : NULL, m->rope_freqs[0]);
+    if (c->rope_theta_local > 0.0f) rope_frequencies(c->rope_theta_local, c->rot_dim, NULL, m->rope_freqs[1]);
 }
 
 /* Loads the weight when the model has it; leaves *t zeroed (absent) otherwise. */
@@ -561,7 +554,7 @@ static enum status load_model(const char *dir, struct backend *b, const struct m
     }
     if ((st = load_weights(m, &stg)) != STATUS_OK) goto fail;
     release_mapping(m);
-    if ((st = load_rope_factors(m)) != STATUS_OK) goto fail;
+    load_rope_freqs(m);
     free(stg.buf);
     LOG_INFO("model", "loaded %s: %d layers [%d, %d) of %d, tp %d/%d, ep %d/%d (experts [%d, %d)), %s, %.1f MiB of weights (%.1f MiB mapped zero-copy, "
              "%.1f MiB as quantized blocks, %.1f MiB of them packed for the CPU, %.1f MiB copied)",

@@ -1,8 +1,7 @@
 /* kernels/cpu/rope.c - op_rope on the CPU: rotary position embedding in place, pair or
- * half conventions, partial rotation. Frequencies are computed in f32 as the reference
- * implementations (llama2.c, Hugging Face) do, so that angles match theirs bit for bit in
- * spirit: freq_i = theta^(-2i/rot_dim), angle = pos * freq_i.
- * A rope scaling divides freq_i by factors[i] and multiplies cos and sin by attn_factor.
+ * half conventions, partial rotation. The frequencies come from the caller's table
+ * (rope_frequencies: f32 as the reference implementations, llama2.c and Hugging Face, compute
+ * them); angle = pos * freq_i in f32, then cosf and sinf, times attn_factor.
  * The backward rotates by the opposite angles (the same cos, sin negated); with attn_factor a
  * the forward is a times a rotation, so its transpose is a times the inverse rotation.
  * Tests: tests/test_ops.c (rope cases), tests/test_ops_backward.c (rope_backward). */
@@ -16,17 +15,10 @@ static void rope_rotate(struct backend *b, const struct tensor *x, const struct 
 {
     int64_t n = x->shape[0], n_heads = x->shape[1], hd = x->shape[2];
     const int32_t *pos = positions->data;
-    const float *factors = rp->factors ? rp->factors->data : NULL;
+    const float *freqs = rp->freqs;
     int half = rot_dim / 2;
-    size_t per = (size_t)hd + 3 * (size_t)half;
+    size_t per = (size_t)hd + 2 * (size_t)half;
     float *scratch = cpu_scratch(b, per);
-    /* The frequencies once per call (a prefill of 512 tokens asked powf for them per token). */
-    float *freqs = scratch + hd + 2 * (size_t)half;
-    for (int i = 0; i < half; i++) {
-        float freq = powf(rp->theta, -(float)(2 * i) / (float)rot_dim);
-        if (factors) freq /= factors[i];
-        freqs[i] = freq;
-    }
     #pragma omp parallel for schedule(static) if (n * n_heads * hd > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t t = 0; t < n; t++) {
         float *tmp = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per);

@@ -1,12 +1,15 @@
 /* kernels/cuda/rope.cu - op_rope: rotary position embedding in place on (n, n_heads,
  * head_dim), pair or half conventions, the first rot_dim features of each head rotated.
- * Angles follow the CPU reference (kernels/cpu/rope.c) formula for formula, in f32:
- * freq_i = theta^(-(2i)/rot_dim) / factors[i], angle = pos * freq_i, then cos and sin (times
- * attn_factor).
+ * Angles follow the CPU reference (kernels/cpu/rope.c) formula for formula, in f32: the
+ * caller's frequency table (rope_frequencies, computed once on the host: the CPU's very bits,
+ * passed to the kernel by value, so a launch reads nothing but x and the positions),
+ * angle = pos * freq_i, then cos and sin (times attn_factor).
  * Not here: where positions come from (engine/), learned positions (position_embedding_add.cu).
  * The backward rotates the gradient by the opposite angles (direction -1: sin negated).
  * Tests: tests/test_ops.c --backend cuda (both styles, partial rotation, large positions);
  * tests/test_ops_backward.c --backend cuda (rope_backward). */
+#include <string.h>
+
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
@@ -16,13 +19,18 @@
  * hazards. hsplit (the launch picks it) spreads a decode step's few rows over the heads: one
  * thread looping over 32 heads waited for 32 dependent loads in turn (12 us a call on an
  * H200, 2026-12-04), where 32 threads wait for one each.
- * freq, cos and sin are evaluated in double and rounded to f32: that is the correctly rounded
- * f32 value, which is what the CPU's libm powf/cosf/sinf return (within 1 ulp), whereas CUDA's
- * f32 powf may be 4 ulp off, and at position 1e5 one ulp of freq already moves the angle by
- * ~0.006 rad. The exponent and the product pos * freq stay f32, as on the CPU. */
+ * cos and sin are evaluated in double and rounded to f32: that is the correctly rounded f32
+ * value, which is what the CPU's libm cosf/sinf return (within 1 ulp), whereas CUDA's f32 ones
+ * may be further off. The product pos * freq stays f32, as on the CPU. (Until 2026-12-06 each
+ * thread also computed theta^(-2i/rot_dim) with a double pow: now the host's powf bits, in the
+ * table.) */
+struct rope_table {
+    float freq[ROPE_MAX_PAIRS];
+};
+
 template <typename T>
 static __global__ void rope_kernel(T *x, const int32_t *positions, int64_t n, int64_t n_heads,
-                                   int64_t head_dim, int rot_dim, float theta, const float *factors,
+                                   int64_t head_dim, int rot_dim, const struct rope_table freqs,
                                    float attn_factor, int pairs_style, float direction, int hsplit,
                                    T *x2, int64_t n_heads2)
 {
@@ -35,10 +43,7 @@ static __global__ void rope_kernel(T *x, const int32_t *positions, int64_t n, in
         int i = (int)(w % half);
         int hs = (int)((w / half) % hsplit);
         int64_t t = w / ((int64_t)half * hsplit);
-        float exponent = -(float)(2 * i) / (float)rot_dim;
-        float freq = (float)pow((double)theta, (double)exponent);
-        if (factors) freq /= factors[i];
-        float angle = (float)positions[t] * freq;
+        float angle = (float)positions[t] * freqs.freq[i];
         float c = attn_factor * (float)cos((double)angle), sn = attn_factor * direction * (float)sin((double)angle);
         int i0 = pairs_style ? 2 * i : i;
         int i1 = pairs_style ? 2 * i + 1 : i + half;
@@ -69,10 +74,12 @@ static void rope_launch(struct backend *b, const struct tensor *x, const struct 
     int64_t hsplit = ROPE_SPLIT_TARGET_THREADS / pairs;
     if (hsplit > n_heads + n_heads2) hsplit = n_heads + n_heads2;
     if (hsplit < 1) hsplit = 1;
+    struct rope_table table; /* (1 KB of kernel parameters; check_rope bounds rot_dim / 2) */
+    memset(&table, 0, sizeof table);
+    memcpy(table.freq, rp->freqs, (size_t)(rot_dim / 2) * sizeof *table.freq);
     CUDA_DISPATCH_FLOAT(x->dtype, T,
         rope_kernel<T><<<cuda_blocks_for(pairs * hsplit, CUDA_THREADS), CUDA_THREADS, 0, s->stream>>>(
-            (T *)x->data, (const int32_t *)positions->data, n, n_heads, head_dim, rot_dim, rp->theta,
-            rp->factors ? (const float *)rp->factors->data : NULL, rp->attn_factor, style == ROPE_STYLE_PAIRS,
+            (T *)x->data, (const int32_t *)positions->data, n, n_heads, head_dim, rot_dim, table, rp->attn_factor, style == ROPE_STYLE_PAIRS,
             direction, (int)hsplit, x2 ? (T *)x2->data : (T *)NULL, n_heads2);
         LAUNCH_CHECK());
 }
