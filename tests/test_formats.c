@@ -737,6 +737,10 @@ static void test_config(void)
     expect_config_error("config: longrope rope_scaling with factor lists of the wrong length",
                         LLAMA_WITH("\"rope_scaling\": {\"type\": \"longrope\", \"long_factor\": [1], \"short_factor\": [1]}"),
                         STATUS_BAD_FORMAT, "short_factor must be a list of rot_dim / 2 = 4 numbers");
+    expect_config_error("config: heads of 1024 features, all rotated (the rope table holds 256 pairs)",
+                        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 2048, \"intermediate_size\": 172,"
+                        " \"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"vocab_size\": 512}",
+                        STATUS_UNSUPPORTED, "rot_dim 1024: at most 512 rotated features a head are supported");
     s = config_parse(LLAMA_WITH("\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}"), "dyn.json", &c);
     check(s == STATUS_OK && c.rope_scaling.kind == ROPE_SCALING_DYNAMIC && c.rope_scaling.factor == 2.0f,
           "config: dynamic NTK rope_scaling (exact within max_position_embeddings) %s", s ? status_message() : "");
