@@ -137,6 +137,13 @@ static const struct tensor *fused_pre_norm(const struct model *m, const struct t
     return m->cfg.norm == NORM_KIND_RMSNORM && !m->cfg.no_pre_norms && !m->cfg.post_ln && w->data ? w : NULL;
 }
 
+/* The weight of local layer l's attention pre-norm when a chain of layers (layer_forward) computes
+ * it in layer l - 1's last residual add, else NULL. */
+static const struct tensor *chained_pre_norm(const struct model *m, int l, int chain)
+{
+    return chain && l >= 1 && l < m->n_layers_local ? fused_pre_norm(m, &m->w.layers[l].attn_norm) : NULL;
+}
+
 /* out = x + [post_norm](proj): the sandwich norm (normed is its output) when the model has one;
  * with next_w (fused_pre_norm), next = the following pre-norm of out, in the same pass. */
 static void residual_add(struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *proj,
@@ -172,7 +179,7 @@ static enum status row_parallel_residual(struct model *m, int l, enum lora_targe
 }
 
 enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_tensors *t,
-                          const struct layer_hooks *h)
+                          const struct layer_hooks *h, int chain)
 {
     const struct layer_weights *w = &m->w.layers[l];
     const int64_t hq = (int64_t)m->n_heads_local * m->cfg.head_dim;
@@ -181,7 +188,7 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
 
     /* Attention block: x_mid = x_in + [norm](attention(norm(x_in)) W_o^T). */
     if (t->x_in.data != t->x.data) backend_copy(m->b, t->x_in.data, t->x.data, tensor_nbytes(&t->x));
-    layer_pre_norm(m, &t->xn1, &t->x_in, &w->attn_norm, &w->attn_norm_bias);
+    if (!chained_pre_norm(m, l, chain)) layer_pre_norm(m, &t->xn1, &t->x_in, &w->attn_norm, &w->attn_norm_bias);
     if ((st = h->gather(h->ctx, &t->xn1, T, &full)) != STATUS_OK) return st;
     if ((st = layer_attention_inner(m, l, T, &full, t, h)) != STATUS_OK) return st;
     struct tensor att = tensor_view2(&t->att, T, hq);
@@ -194,7 +201,9 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
      * its backward never needs this norm's input. */
     if (m->cfg.post_ln) layer_norm(m, &t->x_mid, &t->x_mid, &w->attn_norm, &w->attn_norm_bias);
 
-    /* MLP block: x = x_mid + [norm](down(act(gate(xn2)) * up(xn2))), or down(act(up(xn2))). */
+    /* MLP block: x = x_mid + [norm](down(act(gate(xn2)) * up(xn2))), or down(act(up(xn2))); with
+     * the next layer's pre-norm into xn1 in the same pass where the chain allows it. */
+    const struct tensor *next_w = chained_pre_norm(m, l + 1, chain), *next = next_w ? &t->xn1 : NULL;
     if (!mlp_norm) layer_pre_norm(m, &t->xn2, &t->x_mid, &w->mlp_norm, &w->mlp_norm_bias);
     if ((st = h->gather(h->ctx, &t->xn2, T, &full)) != STATUS_OK) return st;
     if (config_layer_moe(&m->cfg, m->layer_first + l)) { /* a mixture of experts (moe.h); each tp rank its experts, summed as a row-parallel product */
@@ -202,13 +211,13 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
         if ((st = moe_forward(m, l, T, &full, &part, t->moe)) != STATUS_OK) return st;
         /* Serving's expert parallelism joined the slices over the whole ep group (moe_ep_join). */
         if (!m->par.ep && (st = h->reduce(h->ctx, &part, &proj)) != STATUS_OK) return st;
-        residual_add(m, &t->x, &t->x_mid, &proj, &t->normed, &w->post_mlp_norm, NULL, NULL);
+        residual_add(m, &t->x, &t->x_mid, &proj, &t->normed, &w->post_mlp_norm, next, next_w);
         return STATUS_OK;
     }
     layer_mlp_inner(m, l, T, &full, t, h);
     struct tensor hact = layer_ffn_view(&t->hact, T, w);
     if ((st = row_parallel_residual(m, l, LORA_TARGET_DOWN, T, &t->x, &t->x_mid, &hact, &w->w_down, &w->b_down,
-                                    &t->mlp_out, &t->normed, &w->post_mlp_norm, h, NULL, NULL)) != STATUS_OK)
+                                    &t->mlp_out, &t->normed, &w->post_mlp_norm, h, next, next_w)) != STATUS_OK)
         return st;
     if (m->cfg.post_ln) layer_norm(m, &t->x, &t->x, &w->mlp_norm, &w->mlp_norm_bias); /* x = norm(x_mid + mlp) */
     return STATUS_OK;

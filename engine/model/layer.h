@@ -110,9 +110,13 @@ void layer_mlp_inner(struct model *m, int l, int64_t T, const struct tensor *xn,
 /* One decoder layer of local index l over T rows, in the order of the math:
  *   x_mid = x_in + [norm](attention(norm(x_in)) W_o^T),  x = x_mid + [norm](mlp(norm(x_mid))),
  * or with cfg.post_ln (an encoder layer, BERT):
- *   x_mid = norm(x_in + attention(x_in) W_o^T),  x = norm(x_mid + mlp(x_mid)). */
+ *   x_mid = norm(x_in + attention(x_in) W_o^T),  x = norm(x_mid + mlp(x_mid)).
+ * chain 1: the caller runs local layers 0, 1, ... in turn over the same tensors, so a layer whose
+ * successor's pre-norm is an RMSNorm computes it into t->xn1 in its last residual add
+ * (op_add_rmsnorm, the same bits), and that successor skips its own (serving: one launch less a
+ * layer); 0: each layer on its own (training keeps each layer's tensors apart). */
 enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_tensors *t,
-                          const struct layer_hooks *h);
+                          const struct layer_hooks *h, int chain);
 
 #ifdef __cplusplus
 }

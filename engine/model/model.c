@@ -555,7 +555,7 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
                                       .reduce = serve_reduce, .adapt = serve_adapt, .attend = serve_attend};
     const struct layer_tensors lt = serve_tensors(m, T);
     for (int l = 0; l < m->n_layers_local; l++)
-        if ((st = layer_forward(m, l, T, &lt, &hooks)) != STATUS_OK) return st;
+        if ((st = layer_forward(m, l, T, &lt, &hooks, 1)) != STATUS_OK) return st;
 
     if (!model_is_last_stage(m)) return comm_send(m->par.groups->pp, &x, m->pp_rank + 1);
     /* Every row's hidden state for EAGLE: all rows through the final norm, the logits' rows
@@ -731,7 +731,7 @@ enum status model_embed(struct model *m, const int32_t *tokens, const int32_t *q
                                       .reduce = serve_reduce, .adapt = serve_adapt, .attend = embed_attend};
     const struct layer_tensors lt = serve_tensors(m, T);
     enum status st = model_embed_input(m, T, &x);
-    for (int l = 0; l < m->n_layers_local && st == STATUS_OK; l++) st = layer_forward(m, l, T, &lt, &hooks);
+    for (int l = 0; l < m->n_layers_local && st == STATUS_OK; l++) st = layer_forward(m, l, T, &lt, &hooks, 1);
     if (st == STATUS_OK) {
         if (!m->cfg.encoder) final_norm(m, &x, &x);
         const struct tensor *src = &x;

@@ -194,7 +194,7 @@ static enum status layer_forward_train(struct model_train *t, int l, int64_t T, 
     struct train_ctx tc = {.t = t, .batch = batch};
     const struct layer_tensors lt = train_tensors(t, l, T, x);
     const struct layer_hooks h = train_hooks(&tc);
-    return layer_forward(m, l, T, &lt, &h);
+    return layer_forward(m, l, T, &lt, &h, 0);
 }
 
 static enum status check_batch(const struct model_train *t, const struct train_batch *tb)
