@@ -567,7 +567,8 @@ void op_logit_mass(struct backend *b, const struct tensor *mass, const struct te
 }
 
 void op_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
-                   const struct tensor *x, const struct tensor *temp, const struct tensor *u)
+                   const struct tensor *x, const struct tensor *temp, const struct tensor *top_p,
+                   const struct tensor *u)
 {
     check_float(b, x, "logit_draw x");
     check_i32(b, ids, "logit_draw ids");
@@ -578,7 +579,11 @@ void op_logit_draw(struct backend *b, const struct tensor *ids, const struct ten
     CHECK(margin->dtype == DTYPE_F32 && temp->dtype == DTYPE_F32 && u->dtype == DTYPE_F32 &&
               tensor_numel(ids) == n && tensor_numel(margin) == n && tensor_numel(temp) == n && tensor_numel(u) == n,
           "logit_draw: ids %s margin %s temp %s u %s x %s", DESC(ids), DESC(margin), DESC(temp), DESC(u), DESC(x));
-    b->ops->logit_draw(b, ids, margin, x, temp, u);
+    if (top_p) {
+        check_on(b, top_p, "logit_draw top_p");
+        CHECK(top_p->dtype == DTYPE_F32 && tensor_numel(top_p) == n, "logit_draw: top_p %s x %s", DESC(top_p), DESC(x));
+    }
+    b->ops->logit_draw(b, ids, margin, x, temp, top_p, u);
     after_op(b);
 }
 

@@ -234,7 +234,8 @@ struct backend_ops {
     void (*logit_mass)(struct backend *b, const struct tensor *mass, const struct tensor *x,
                        const struct tensor *inv_temp);
     void (*logit_draw)(struct backend *b, const struct tensor *ids, const struct tensor *margin,
-                       const struct tensor *x, const struct tensor *temp, const struct tensor *u);
+                       const struct tensor *x, const struct tensor *temp, const struct tensor *top_p,
+                       const struct tensor *u);
     void (*logit_edit)(struct backend *b, const struct tensor *x, const struct tensor *rows,
                        const struct tensor *ids, const struct tensor *vals);
     void (*logit_mask)(struct backend *b, const struct tensor *x, const struct tensor *rows,
@@ -633,9 +634,18 @@ void op_logit_mass(struct backend *b, const struct tensor *mass, const struct te
  * weight in id order exceeds u[i] times the row's total (f64 sums), and margin f32 (n) = that
  * target's distance to the nearer end of token j's interval, over the total (the caller's own
  * sums may differ a little: engine/serving/sampler.c sampler_draw_decided); ids -1 and margin 0
- * where temp[i] <= 0 or no token is reached. Rows holding NaN or Inf give unspecified values. */
+ * where temp[i] <= 0 or no token is reached. Rows holding NaN or Inf give unspecified values.
+ * top_p NULL, or f32 (n): a row with top_p[i] < 1 draws as the sampler's top_p does instead (the
+ * nucleus): over the tokens within its floor ((x_ij - m) / temp[i] >= ln(1e-12)), whose total S is
+ * summed in id order, the cut at the first token in order of logit (highest first, ties by id)
+ * where the running sum of w / S reaches top_p[i] (every token when none does), then the first of
+ * the kept tokens, in that order, whose cumulative weight exceeds u[i] times their sum; margin =
+ * the smaller of the cut's (the running sum's distance to top_p[i] at the cut and just before it)
+ * and the draw's (as above, over the kept sum). The CPU forms every sum in the host sampler's
+ * order; a backend may return -1 for such rows (not supported: the caller samples on the host). */
 void op_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
-                   const struct tensor *x, const struct tensor *temp, const struct tensor *u);
+                   const struct tensor *x, const struct tensor *temp, const struct tensor *top_p,
+                   const struct tensor *u);
 
 /* A sampler's edits of single logits, in place: for each entry k, the element e = x[rows[k],
  * ids[k]] of x (n, v) with (add, rep, sub) = vals[k] (f32 (e, 3)) becomes e + add (skipped where

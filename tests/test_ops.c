@@ -1304,7 +1304,7 @@ static void case_logit_draw(struct suite *s, enum dtype dt, int rows, int v_len)
         struct tensor tu = arena_in(&a, "u", DTYPE_F32, S1(rows), u);
         struct tensor ti = arena_out(&a, "ids", DTYPE_I32, S1(rows), NULL, ids);
         struct tensor tm = arena_out(&a, "margin", DTYPE_F32, S1(rows), NULL, margin);
-        if (SUPPORTED(&v, b, logit_draw)) op_logit_draw(b, &ti, &tm, &tx, &tt, &tu);
+        if (SUPPORTED(&v, b, logit_draw)) op_logit_draw(b, &ti, &tm, &tx, &tt, NULL, &tu);
         arena_finish(&a, &v);
         int n = 0, drawing = 0;
         for (int i = 0; i < rows; i++) {

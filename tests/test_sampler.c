@@ -351,7 +351,7 @@ static int32_t device_draw(int how, struct backend *b, const float *row, float t
         struct tensor tm = tensor_make(&mg, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
         struct tensor tt = tensor_make(&t, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
         struct tensor tu = tensor_make(&u, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
-        op_logit_draw(b, &ti, &tm, &x, &tt, &tu);
+        op_logit_draw(b, &ti, &tm, &x, &tt, NULL, &tu);
         *margin = mg;
         return id;
     }
@@ -434,6 +434,83 @@ static long draws_differ(int how, double tol, struct sampler *whole, struct back
             }
         }
     return differ;
+}
+
+/* op_logit_draw's top_p rows (the nucleus drawn on the device) on the CPU backend against
+ * sampler_sample over the whole row with the same random state: rows of DRAW_V logits (flat, a
+ * head over a tail, N(0, 3), and a row of ties), four temperatures, four top_p, 40 seeded draws
+ * each. Every draw decided at the exact tolerance must be the host's token and leave the host's
+ * random stream, nearly all must be decided, and many must have nuclei wider than the 64
+ * candidates (where sampler_sample_nucleus cannot decide: what the op is for). */
+static void check_nucleus_draw(void)
+{
+    static float row[DRAW_V], work[DRAW_V], vals[TOP_K], w[TOP_K];
+    static int32_t order[DRAW_V], ids[TOP_K];
+    struct sampler whole;
+    struct backend *b = NULL;
+    if (sampler_init(&whole, DRAW_V) != STATUS_OK || backend_open(DEVICE_CPU, 0, 1, &b) != STATUS_OK) {
+        check(0, "op_logit_draw top_p: a sampler and a CPU backend", NULL);
+        return;
+    }
+    const float temps[] = {0.5f, 1.0f, 1.5f, 2.0f}, top_ps[] = {0.5f, 0.9f, 0.95f, 0.99f};
+    long decided = 0, undecided = 0, differ = 0, wide = 0;
+    char d[256] = "";
+    for (int kind = 0; kind < 4; kind++)
+        for (unsigned seed = 1; seed <= 2; seed++) {
+            struct rng g;
+            rng_seed(&g, 4400 * (unsigned)kind + seed);
+            for (int i = 0; i < DRAW_V; i++) {
+                const float a = rng_uniform(&g), c = rng_uniform(&g);
+                row[i] = kind == 0 ? 2.0f * a : kind == 1 ? -6.0f - 6.0f * a
+                       : kind == 2 ? 3.0f * sqrtf(-2.0f * logf(1.0f - a)) * cosf(6.2831853f * c)
+                                   : (float)(int)(4.0f * a); /* ties: four values */
+            }
+            for (int i = 0; kind == 1 && i < 24; i++) row[(i * 131 + (int)seed * 17) % DRAW_V] = 3.0f * rng_uniform(&g);
+            for (int i = 0; i < DRAW_V; i++) order[i] = i;
+            top_key = row;
+            qsort(order, DRAW_V, sizeof *order, top_desc);
+            for (int i = 0; i < TOP_K; i++) ids[i] = order[i], vals[i] = row[order[i]];
+            for (size_t a = 0; a < sizeof temps / sizeof *temps; a++)
+                for (size_t q = 0; q < sizeof top_ps / sizeof *top_ps; q++) {
+                    struct sampling_params p = sampling_params_default();
+                    p.temperature = temps[a], p.top_p = top_ps[q];
+                    double mass = 0.0; /* (the exact whole-row mass: only "past the 64" is asked of it) */
+                    for (int i = 0; i < DRAW_V; i++) mass += sampler_exp((row[i] - vals[0]) / p.temperature);
+                    struct rng r0;
+                    rng_seed(&r0, 1);
+                    wide += sampler_sample_nucleus(&p, &r0, vals, ids, TOP_K, mass, w) < 0;
+                    for (uint64_t k = 0; k < 40; k++) {
+                        struct rng r1, r2;
+                        rng_seed(&r1, k * 6007 + seed), rng_seed(&r2, k * 6007 + seed);
+                        memcpy(work, row, sizeof row);
+                        const int32_t t1 = sampler_sample(&whole, &p, &r1, work, NULL, 0, NULL, 0);
+                        float u = rng_uniform(&r2), margin = 0.0f;
+                        int32_t t2 = -1;
+                        struct tensor x = tensor_make(row, DTYPE_F32, DEVICE_CPU, 2, (int64_t)1, (int64_t)DRAW_V);
+                        struct tensor ti = tensor_make(&t2, DTYPE_I32, DEVICE_CPU, 1, (int64_t)1);
+                        struct tensor tm = tensor_make(&margin, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
+                        struct tensor tt = tensor_make(&p.temperature, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
+                        struct tensor tp = tensor_make(&p.top_p, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
+                        struct tensor tu = tensor_make(&u, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
+                        op_logit_draw(b, &ti, &tm, &x, &tt, &tp, &tu);
+                        if (t2 < 0 || margin < (float)SAMPLER_DRAW_TOL_EXACT) {
+                            undecided++;
+                            continue;
+                        }
+                        decided++;
+                        if ((t1 != t2 || rng_next(&r1) != rng_next(&r2)) && !differ++)
+                            snprintf(d, sizeof d, "kind %d, T %g, top_p %g, draw %d: %d (margin %.3g) against %d", kind,
+                                     (double)p.temperature, (double)p.top_p, (int)k, t2, (double)margin, t1);
+                    }
+                }
+        }
+    char what[320];
+    snprintf(what, sizeof what, "op_logit_draw top_p (the CPU op): %ld of %ld nucleus draws decided at %g, each the "
+             "whole row's token and random stream; %ld of 128 nuclei past the top %d", decided, decided + undecided,
+             SAMPLER_DRAW_TOL_EXACT, wide, TOP_K);
+    check(differ == 0 && decided * 1000 >= (decided + undecided) * 995 && wide >= 32, what, differ ? d : NULL);
+    backend_close(b);
+    sampler_free(&whole);
 }
 
 /* Every way's decided draws are the host's at its tolerance (the exact one where the weights are
@@ -674,6 +751,7 @@ int main(void)
     check_top();
     check_nucleus();
     check_draw();
+    check_nucleus_draw();
     sampler_free(&s);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

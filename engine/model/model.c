@@ -92,6 +92,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.top_mass, DTYPE_F32, 1, {max_logits}},
         {&m->ws.draw_temp, DTYPE_F32, 1, {max_logits}},
         {&m->ws.draw_u, DTYPE_F32, 1, {max_logits}},
+        {&m->ws.draw_top_p, DTYPE_F32, 1, {max_logits}},
         {&m->ws.draw_ids, DTYPE_I32, 1, {max_logits}},
         {&m->ws.draw_margin, DTYPE_F32, 1, {max_logits}},
         {&m->ws.lse_want, DTYPE_F32, 1, {max_logits}},
@@ -457,7 +458,9 @@ static int sample_on_device(struct model *m, const struct forward_batch *fb, str
         struct tensor u = tensor_first_rows(&m->ws.draw_u, fb->n_logits);
         backend_upload(b, temp.data, fb->draw_temp, tensor_nbytes(&temp));
         backend_upload(b, u.data, fb->draw_u, tensor_nbytes(&u));
-        op_logit_draw(b, &draw_ids, &draw_margin, full, &temp, &u);
+        struct tensor top_p = tensor_first_rows(&m->ws.draw_top_p, fb->n_logits);
+        if (fb->draw_top_p) backend_upload(b, top_p.data, fb->draw_top_p, tensor_nbytes(&top_p));
+        op_logit_draw(b, &draw_ids, &draw_margin, full, &temp, fb->draw_top_p ? &top_p : NULL, &u);
     }
     struct tensor lse = tensor_first_rows(&m->ws.top_lse, fb->n_logits);
     if (fb->top_k > 0 && fb->top_lse) {

@@ -68,7 +68,7 @@ struct model_workspace {
     struct tensor greedy_ids;      /* i32 (max_logits): argmax of each logits row (greedy_ids) */
     struct tensor top_values, top_ids; /* f32 / i32 (max_logits, MODEL_MAX_TOP_K or the vocabulary) */
     struct tensor top_inv_temp, top_mass; /* f32 (max_logits): forward_batch.top_inv_temp, top_mass */
-    struct tensor draw_temp, draw_u, draw_ids, draw_margin; /* (max_logits): forward_batch.draw_* */
+    struct tensor draw_temp, draw_u, draw_top_p, draw_ids, draw_margin; /* (max_logits): forward_batch.draw_* */
     struct tensor lse_want, top_lse;   /* f32 (max_logits): forward_batch.lse_want, top_lse */
     void  *edits;                  /* forward_batch's edits and masks on the device, grown as asked */
     size_t edits_bytes;
@@ -290,8 +290,9 @@ struct forward_batch {
     float       *top_mass;
     /* With top_k, when draw_ids is non-NULL: each row's op_logit_draw at temperature draw_temp[row]
      * (host, n_logits; 0 = none) with uniform draw_u[row] into draw_ids and draw_margin (host,
-     * n_logits): plain temperature sampling decided on the device (sampler_draw_decided). */
-    const float *draw_temp, *draw_u;
+     * n_logits): plain temperature sampling decided on the device (sampler_draw_decided); with
+     * draw_top_p (host, n_logits; NULL: all 1), a row below 1 draws as top_p does (the nucleus). */
+    const float *draw_temp, *draw_u, *draw_top_p;
     int32_t     *draw_ids;
     float       *draw_margin;
     /* With top_k, when top_lse is non-NULL: each row's op_logit_lse where lse_want[row] > 0 (host,

@@ -39,7 +39,8 @@ static int step_device_sampling(const struct conductor *c)
  * row that sampler_sample_nucleus draws (top_p or min_p without top_k) its mass at inverse
  * temperature 1 / T (c->top_inv_temp; 0 for the others), a plain temperature row its draw
  * (c->draw_temp, and the uniform its random state would give next: c->draw_u, c->draw_rng; 0 for
- * the others), a row with log-probabilities its normaliser (c->lse_want). Sets step_mass,
+ * the others), a top_p row without min_p both its mass and its nucleus's draw (c->draw_top_p, 1
+ * for the others), a row with log-probabilities its normaliser (c->lse_want). Sets step_mass,
  * step_draw and step_lse: whether any row wants each. (In a step of top
  * candidates no row is a prompt log-probability's or a draft's: a sequence's sampled row is its
  * logit_row.) */
@@ -48,7 +49,7 @@ static void top_requests(struct conductor *c)
     const struct scheduler *sc = &c->sched;
     c->step_mass = c->step_draw = c->step_lse = 0;
     for (int i = 0; i < sc->batch.n_logits; i++)
-        c->top_inv_temp[i] = c->draw_temp[i] = c->draw_u[i] = c->lse_want[i] = 0.0f;
+        c->top_inv_temp[i] = c->draw_temp[i] = c->draw_u[i] = c->lse_want[i] = 0.0f, c->draw_top_p[i] = 1.0f;
     for (int i = 0; i < sc->n_running; i++) {
         const struct seq *s = sc->running[i];
         if (s->n_rows == 0 || s->state != SEQ_RUNNING || !s->wants_sample) continue;
@@ -58,7 +59,9 @@ static void top_requests(struct conductor *c)
         if (sampler_nucleus_fits(&sp)) {
             c->top_inv_temp[row] = 1.0f / sp.temperature;
             c->step_mass = 1;
-        } else if (sampler_draw_fits(&sp)) {
+        }
+        if (sampler_draw_fits(&sp) || (sampler_nucleus_fits(&sp) && sp.min_p == 0.0f)) {
+            c->draw_top_p[row] = sp.top_p;
             c->draw_rng[row] = s->rng;
             c->draw_u[row] = rng_uniform(&c->draw_rng[row]);
             c->draw_temp[row] = sp.temperature;

@@ -130,8 +130,10 @@ struct conductor {
      * sequence's only where the draw is taken (sampler_draw_decided; else the host draws the same
      * uniform from the row fetched whole); draw_ids / draw_margin the device's draws, taken where
      * the margin is at least draw_tol (SAMPLER_DRAW_TOL; SHARDLM_TEST_DRAW_TOL sets another, so that
-     * tests see rows fetched); step_draw whether this step makes any. */
-    int      step_top, step_mass, top_k, top_used, top_fetched;
+     * tests see rows fetched); step_draw whether this step makes any. A top_p row without min_p
+     * asks for a draw as well (draw_top_p its top_p; 1 for the others): the nucleus drawn on the
+     * device, taken where its 64 candidates and mass leave the token undecided (nucleus_used). */
+    int      step_top, step_mass, top_k, top_used, top_fetched, nucleus_used;
     float   *top_values, *top_lg, *top_inv_temp, *top_mass;
     int32_t *top_ids, *top_tok;
     int      step_draw, draw_used, draw_fetched;
@@ -154,7 +156,7 @@ struct conductor {
     int       n_masks, masks_cap, masks_used;
     int32_t  *mask_rows;
     uint32_t *masks;
-    float   *draw_temp, *draw_u, *draw_margin;
+    float   *draw_temp, *draw_u, *draw_top_p, *draw_margin;
     int32_t *draw_ids;
     struct rng *draw_rng;
     struct sampler top_smp;

@@ -113,7 +113,8 @@ enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logit
             fb.top_values = c->top_values;
             fb.top_ids = c->top_ids;
             if (c->step_mass) fb.top_inv_temp = c->top_inv_temp, fb.top_mass = c->top_mass;
-            if (c->step_draw) fb.draw_temp = c->draw_temp, fb.draw_u = c->draw_u, fb.draw_ids = c->draw_ids,
+            if (c->step_draw) fb.draw_temp = c->draw_temp, fb.draw_u = c->draw_u, fb.draw_top_p = c->draw_top_p,
+                              fb.draw_ids = c->draw_ids,
                               fb.draw_margin = c->draw_margin;
             if (c->step_lse) fb.lse_want = c->lse_want, fb.top_lse = c->top_lse;
             fb.greedy_done = &c->greedy_done;

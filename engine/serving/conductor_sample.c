@@ -150,14 +150,24 @@ int32_t take_top(struct conductor *c, struct seq *s, int lrow)
     const int32_t *ids = c->top_ids + (size_t)lrow * K;
     const int draw = sp.temperature != 0.0f && !sampler_top_exact(&sp, c->top_k) &&
                      !sampler_nucleus_fits(&sp); /* (sampler_draw_fits) */
+    /* the device's draw (plain temperature, or a nucleus past the candidates), where it asked for one */
+    const int drawn = c->step_draw && c->draw_temp[lrow] > 0.0f && c->draw_ids[lrow] >= 0 &&
+                      c->draw_margin[lrow] >= c->draw_tol;
     int32_t tok = -1;
     if (sp.temperature == 0.0f) /* greedy, top_eligible for its log-probabilities */
         tok = ids[0];
     else if (sampler_top_exact(&sp, c->top_k))
         tok = sampler_sample_top(&c->top_smp, &sp, &s->rng, values, ids, c->top_k, c->top_lg, c->top_tok);
-    else if (!draw)
-        tok = sampler_sample_nucleus(&sp, &s->rng, values, ids, c->top_k, c->top_mass[lrow], c->top_lg);
-    else if (c->step_draw && c->draw_temp[lrow] > 0.0f && c->draw_ids[lrow] >= 0 && c->draw_margin[lrow] >= c->draw_tol) {
+    else if (!draw && (tok = sampler_sample_nucleus(&sp, &s->rng, values, ids, c->top_k, c->top_mass[lrow],
+                                                    c->top_lg)) < 0 && drawn) {
+        tok = c->draw_ids[lrow]; /* (sampler_sample_nucleus drew nothing from s->rng) */
+        s->rng = c->draw_rng[lrow];
+        if (!c->nucleus_used) {
+            c->nucleus_used = 1;
+            LOG_INFO(MODULE, "a top_p nucleus reaching past the device's top %d logits was drawn on the device "
+                             "(margin at least %g; not the whole row)", c->top_k, c->draw_tol);
+        }
+    } else if (draw && drawn) {
         tok = c->draw_ids[lrow];
         s->rng = c->draw_rng[lrow]; /* the uniform it drew is spent */
     }

@@ -198,6 +198,7 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->top_mass = malloc((size_t)c->max_logits * sizeof *c->top_mass);
     c->draw_temp = malloc((size_t)c->max_logits * sizeof *c->draw_temp);
     c->draw_u = malloc((size_t)c->max_logits * sizeof *c->draw_u);
+    c->draw_top_p = malloc((size_t)c->max_logits * sizeof *c->draw_top_p);
     c->draw_margin = malloc((size_t)c->max_logits * sizeof *c->draw_margin);
     c->draw_ids = malloc((size_t)c->max_logits * sizeof *c->draw_ids);
     c->draw_rng = malloc((size_t)c->max_logits * sizeof *c->draw_rng);
@@ -207,7 +208,7 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     if (c->edit_at)
         for (size_t i = 0; i < V; i++) c->edit_at[i] = -1;
     if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows || !c->greedy_ids || !c->gmask || !c->top_values ||
-        !c->top_ids || !c->top_lg || !c->top_tok || !c->top_inv_temp || !c->top_mass || !c->draw_temp || !c->draw_u ||
+        !c->top_ids || !c->top_lg || !c->top_tok || !c->top_inv_temp || !c->top_mass || !c->draw_temp || !c->draw_u || !c->draw_top_p ||
         !c->draw_margin || !c->draw_ids || !c->draw_rng || !c->edit_at || !c->lse_want || !c->top_lse) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
         goto fail;
@@ -277,6 +278,7 @@ void conductor_free(struct conductor *c)
     free(c->top_mass);
     free(c->draw_temp);
     free(c->draw_u);
+    free(c->draw_top_p);
     free(c->draw_margin);
     free(c->draw_ids);
     free(c->draw_rng);

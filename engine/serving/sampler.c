@@ -469,7 +469,7 @@ double sampler_draw_tolerance(struct backend *b)
     backend_upload(b, tx.data, x, nx);
     backend_upload(b, tt.data, t, n1);
     backend_upload(b, tu.data, u, n1);
-    op_logit_draw(b, &ti, &tm, &tx, &tt, &tu);
+    op_logit_draw(b, &ti, &tm, &tx, &tt, NULL, &tu);
     backend_download(b, ids, ti.data, n1);
     backend_download(b, margin, tm.data, n1);
     int exact = 1;

@@ -153,7 +153,8 @@ void cpu_argmax(struct backend *b, const struct tensor *ids, const struct tensor
 void cpu_logit_mass(struct backend *b, const struct tensor *mass, const struct tensor *x,
                     const struct tensor *inv_temp);
 void cpu_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
-                   const struct tensor *x, const struct tensor *temp, const struct tensor *u);
+                   const struct tensor *x, const struct tensor *temp, const struct tensor *top_p,
+                   const struct tensor *u);
 void cpu_logit_edit(struct backend *b, const struct tensor *x, const struct tensor *rows,
                    const struct tensor *ids, const struct tensor *vals);
 void cpu_logit_mask(struct backend *b, const struct tensor *x, const struct tensor *rows,

@@ -7,6 +7,7 @@
  * Tests: tests/test_ops.c (logit_mass and logit_draw cases), tests/test_sampler.c (logit_draw
  * against the host sampler's draws). */
 #include <math.h>
+#include <stdlib.h>
 
 #include "cpu_ops.h"
 
@@ -52,18 +53,85 @@ static float draw_weight(const struct tensor *x, size_t at, float m, float t)
     return d > -87.0f ? cpu_exp(d) : 0.0f;
 }
 
+/* A nucleus candidate: its logit and id (sorted by logit, highest first, ties by id). */
+struct nucleus_cand {
+    float   x;
+    int32_t id;
+};
+
+static int by_logit_then_id(const void *a, const void *b)
+{
+    const struct nucleus_cand *p = a, *q = b;
+    if (p->x != q->x) return p->x > q->x ? -1 : 1;
+    return p->id < q->id ? -1 : p->id > q->id;
+}
+
+/* op_logit_draw's top_p row, every sum in the order of engine/serving/sampler.c (candidates, then
+ * sampler_sample's walk): the candidates' total in id order, the running sum of w / total in
+ * sorted order to the cut, the kept sum and the draw in sorted order. c: scratch for v
+ * candidates. */
+static void nucleus_draw(const struct tensor *x, size_t row, int64_t v, float t, float top_p, float u,
+                         struct nucleus_cand *c, int32_t *id, float *mg)
+{
+    const float m = row_max(x, row, v), floor_logit = m + t * -27.631021f;
+    int64_t n = 0;
+    double total = 0.0;
+    for (int64_t j = 0; j < v; j++) {
+        const float e = dtype_load_f32(x->data, x->dtype, row + (size_t)j);
+        if (e >= floor_logit) {
+            c[n++] = (struct nucleus_cand){e, (int32_t)j};
+            total += draw_weight(x, row + (size_t)j, m, t);
+        }
+    }
+    qsort(c, (size_t)n, sizeof *c, by_logit_then_id);
+    double cum = 0.0, cut_margin = 0.0;
+    int64_t keep = n;
+    for (int64_t k = 0; k < n; k++) {
+        const double before = cum;
+        cum += draw_weight(x, row + (size_t)c[k].id, m, t) / total;
+        if (cum >= top_p) {
+            keep = k + 1;
+            cut_margin = fmin(cum - top_p, top_p - before);
+            break;
+        }
+    }
+    if (keep == n && !(cum >= top_p)) cut_margin = top_p - cum; /* none reached: every candidate kept */
+    double sum = 0.0;
+    for (int64_t k = 0; k < keep; k++) sum += draw_weight(x, row + (size_t)c[k].id, m, t);
+    const double target = (double)u * sum;
+    double acc = 0.0;
+    for (int64_t k = 0; k < keep; k++) {
+        const double before = acc;
+        acc += draw_weight(x, row + (size_t)c[k].id, m, t);
+        if (target < acc) {
+            *id = c[k].id, *mg = (float)fmin(cut_margin, fmin(target - before, acc - target) / sum);
+            return;
+        }
+    }
+}
+
 void cpu_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
-                    const struct tensor *x, const struct tensor *temp, const struct tensor *u)
+                    const struct tensor *x, const struct tensor *temp, const struct tensor *top_p,
+                    const struct tensor *u)
 {
     const int64_t n = tensor_rows(x), v = tensor_cols(x);
-    const float *t = temp->data, *uu = u->data;
+    const float *t = temp->data, *uu = u->data, *tp = top_p ? top_p->data : NULL;
     int32_t *id = ids->data;
     float *mg = margin->data;
+    const size_t per = 2 * (size_t)v; /* (a nucleus row's candidates: two words each) */
+    int nucleus = 0;
+    for (int64_t i = 0; i < n && tp; i++) nucleus |= t[i] > 0.0f && tp[i] < 1.0f;
+    float *scratch = nucleus ? cpu_scratch(b, per) : NULL;
     #pragma omp parallel for schedule(static) if (n * v > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i++) {
         id[i] = -1, mg[i] = 0.0f;
         if (!(t[i] > 0.0f)) continue;
         const size_t row = (size_t)(i * v);
+        if (tp && tp[i] < 1.0f) {
+            struct nucleus_cand *c = (struct nucleus_cand *)(scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per));
+            nucleus_draw(x, row, v, t[i], tp[i], uu[i], c, id + i, mg + i);
+            continue;
+        }
         const float m = row_max(x, row, v);
         double total = 0.0;
         for (int64_t j = 0; j < v; j++) total += draw_weight(x, row + (size_t)j, m, t[i]);

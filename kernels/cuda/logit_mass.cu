@@ -115,12 +115,13 @@ static __device__ __forceinline__ float draw_weight(const T *xr, int64_t j, floa
  * target (rounding), no token is written: -1, the host then samples the whole row. */
 template <typename T>
 static __global__ void __launch_bounds__(DRAW_THREADS)
-logit_draw_kernel(int32_t *ids, float *margin, const T *x, const float *temp, const float *u, int64_t v)
+logit_draw_kernel(int32_t *ids, float *margin, const T *x, const float *temp, const float *top_p, const float *u,
+                  int64_t v)
 {
     __shared__ double start[DRAW_THREADS + 1];
     const int64_t i = blockIdx.x;
     const float t = temp[i];
-    if (!(t > 0.0f)) { /* (the whole block takes this branch) */
+    if (!(t > 0.0f) || (top_p && top_p[i] < 1.0f)) { /* (the whole block takes this branch; a nucleus row: not here) */
         if (threadIdx.x == 0) ids[i] = -1, margin[i] = 0.0f;
         return;
     }
@@ -154,9 +155,11 @@ logit_draw_kernel(int32_t *ids, float *margin, const T *x, const float *temp, co
     }
 }
 
-/* ids i32 (n), margin f32 (n); x any float dtype (n, v); temp, u f32 (n). */
+/* ids i32 (n), margin f32 (n); x any float dtype (n, v); temp, u f32 (n); top_p NULL or f32 (n).
+ * A top_p row (top_p < 1) is not drawn on CUDA yet: id -1 (ops.h allows it; the host samples it). */
 void cuda_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
-                     const struct tensor *x, const struct tensor *temp, const struct tensor *u)
+                     const struct tensor *x, const struct tensor *temp, const struct tensor *top_p,
+                     const struct tensor *u)
 {
     struct cuda_state *s = cuda_state_enter(b);
     const int64_t n = tensor_rows(x), v = tensor_cols(x);
@@ -164,7 +167,7 @@ void cuda_logit_draw(struct backend *b, const struct tensor *ids, const struct t
     CUDA_DISPATCH_FLOAT(x->dtype, T,
         logit_draw_kernel<T><<<(unsigned)n, DRAW_THREADS, 0, s->stream>>>(
             (int32_t *)ids->data, (float *)margin->data, (const T *)x->data, (const float *)temp->data,
-            (const float *)u->data, v);
+            top_p ? (const float *)top_p->data : (const float *)NULL, (const float *)u->data, v);
         LAUNCH_CHECK());
 }
 
