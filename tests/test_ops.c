@@ -1250,31 +1250,86 @@ static void case_logit_mass(struct suite *s, enum dtype dt, int rows, int v_len)
     case_end(s, name, &v);
 }
 
+/* The nucleus's draw in double (op_logit_draw's top_p rows): the candidates within the floor sorted
+ * by logit (ties by id), the cut where the running sum over the total reaches top_p, the first kept
+ * token whose running sum exceeds u times theirs; *margin the smaller of the two decisions' margins. */
+static const double *nucleus_key;
+static int nucleus_order(const void *a, const void *b)
+{
+    const int i = *(const int *)a, j = *(const int *)b;
+    if (nucleus_key[i] != nucleus_key[j]) return nucleus_key[i] > nucleus_key[j] ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+
+static int32_t ref_nucleus(const double *xr, int v, double t, double top_p, double u, int *order, double *margin)
+{
+    double m = -INFINITY, total = 0.0;
+    for (int j = 0; j < v; j++) m = xr[j] > m ? xr[j] : m;
+    int n = 0;
+    for (int j = 0; j < v; j++)
+        if (xr[j] >= m + t * -27.631021) order[n++] = j;
+    nucleus_key = xr;
+    qsort(order, (size_t)n, sizeof *order, nucleus_order);
+#define NUC_W(j) ((xr[j] - m) / t > -87.0 ? exp((xr[j] - m) / t) : 0.0)
+    for (int k = 0; k < n; k++) total += NUC_W(order[k]);
+    double acc = 0.0, cut_margin = 0.0;
+    int keep = -1;
+    for (int k = 0; k < n && keep < 0; k++) {
+        const double before = acc;
+        acc += NUC_W(order[k]);
+        if (acc / total >= top_p) keep = k + 1, cut_margin = fmin(acc / total - top_p, top_p - before / total);
+    }
+    *margin = 0.0;
+    if (keep < 0) return -1;
+    const double goal = u * acc;
+    double run = 0.0;
+    for (int k = 0; k < keep; k++) {
+        const double lo = run;
+        run += NUC_W(order[k]);
+        if (run > goal) {
+            *margin = fmin(cut_margin, fmin(goal - lo, run - goal) / acc);
+            return order[k];
+        }
+    }
+#undef NUC_W
+    return -1;
+}
+
 /* op_logit_draw (plain temperature sampling's draw on the device). Row i of kind i % 4 with
  * temperature t[i] and uniform u[i]: 0 N(0, 3); 1 around 1e4; 2 one token far above the rest (most
  * draws land in it: wide margins); 3 t = 0 (no draw: id -1, margin 0). The reference walks the
  * row in double (weights e^((x - m) / t), 0 at or below -87); where its target lies more than 2e-5
  * of the total inside its token, the op's token must be the reference's and its margin within 1e-5
- * (f32 weights against double ones); at least half the drawing rows must be such. */
-static void case_logit_draw(struct suite *s, enum dtype dt, int rows, int v_len)
+ * (f32 weights against double ones); at least half the drawing rows must be such. nucleus: the
+ * drawing rows are top_p rows (0.5, 0.9, 0.97 in turn; ref_nucleus), kind 1 wider (N(0, 1) around
+ * 1e4, many tokens in its nucleus), checked where the reference's margin exceeds 2e-6, margins
+ * within 1e-6. */
+static void case_logit_draw(struct suite *s, enum dtype dt, int rows, int v_len, int nucleus)
 {
     char name[96];
-    snprintf(name, sizeof name, "logit_draw %s rows=%d v=%d", dtype_name(dt), rows, v_len);
+    snprintf(name, sizeof name, "logit_draw %s rows=%d v=%d%s", dtype_name(dt), rows, v_len, nucleus ? " top_p" : "");
     struct rng r;
     if (!case_begin(s, name, &r)) return;
     struct hbuf x = hbuf_make(s, dt, (size_t)rows * v_len);
     float *t = case_alloc(s, (size_t)rows, sizeof(float)), *u = case_alloc(s, (size_t)rows, sizeof(float));
     int32_t *want_id = case_alloc(s, (size_t)rows, sizeof(int32_t));
     double *want_margin = case_alloc(s, (size_t)rows, sizeof(double));
+    float *top_p = case_alloc(s, (size_t)rows, sizeof(float));
+    int *order = case_alloc(s, (size_t)v_len, sizeof(int));
     for (int i = 0; i < rows; i++) {
         t[i] = i % 4 == 3 ? 0.0f : (float)rng_range(&r, 0.3, 2.0);
         u[i] = (float)rng_range(&r, 0.0, 1.0);
+        top_p[i] = nucleus ? (i % 3 == 0 ? 0.5f : i % 3 == 1 ? 0.9f : 0.97f) : 1.0f;
         for (int j = 0; j < v_len; j++) {
-            double val = i % 4 == 1 ? 1e4 + 3.0 * rng_normal(&r) : 3.0 * rng_normal(&r);
+            double val = i % 4 == 1 ? 1e4 + (nucleus ? 1.0 : 3.0) * rng_normal(&r) : 3.0 * rng_normal(&r);
             if (i % 4 == 2 && j == v_len / 3) val = 14.0;
             hbuf_set(&x, (size_t)i * v_len + j, val);
         }
         const double *xr = x.val + (size_t)i * v_len;
+        if (nucleus && t[i] > 0.0f) {
+            want_id[i] = ref_nucleus(xr, v_len, t[i], top_p[i], u[i], order, &want_margin[i]);
+            continue;
+        }
         double m = -INFINITY, total = 0.0, acc = 0.0;
         for (int j = 0; j < v_len; j++) m = xr[j] > m ? xr[j] : m;
         for (int j = 0; j < v_len; j++) total += (xr[j] - m) / t[i] > -87.0 ? exp((xr[j] - m) / t[i]) : 0.0;
@@ -1302,16 +1357,19 @@ static void case_logit_draw(struct suite *s, enum dtype dt, int rows, int v_len)
         struct tensor tx = arena_in(&a, "x", dt, S2(rows, v_len), x.bits);
         struct tensor tt = arena_in(&a, "temp", DTYPE_F32, S1(rows), t);
         struct tensor tu = arena_in(&a, "u", DTYPE_F32, S1(rows), u);
+        struct tensor tq = arena_in(&a, "top_p", DTYPE_F32, S1(rows), top_p);
         struct tensor ti = arena_out(&a, "ids", DTYPE_I32, S1(rows), NULL, ids);
         struct tensor tm = arena_out(&a, "margin", DTYPE_F32, S1(rows), NULL, margin);
-        if (SUPPORTED(&v, b, logit_draw)) op_logit_draw(b, &ti, &tm, &tx, &tt, NULL, &tu);
+        if (SUPPORTED(&v, b, logit_draw)) op_logit_draw(b, &ti, &tm, &tx, &tt, nucleus ? &tq : NULL, &tu);
         arena_finish(&a, &v);
         int n = 0, drawing = 0;
         for (int i = 0; i < rows; i++) {
             if (t[i] > 0.0f) drawing++;
-            if (t[i] > 0.0f && want_margin[i] <= 2e-5) continue; /* too near an edge to ask for its token */
+            /* too near an edge to ask for its token (a nucleus's cut lies within its cut token's
+             * probability, 2e-5 among 49,152 tokens of about equal weight: closer bounds there) */
+            if (t[i] > 0.0f && want_margin[i] <= (nucleus ? 2e-6 : 2e-5)) continue;
             got_d[n] = ids[i], want_d[n] = want_id[i];
-            gm[n] = margin[i], wm[n] = want_margin[i], tol[n] = 1e-5;
+            gm[n] = margin[i], wm[n] = want_margin[i], tol[n] = nucleus ? 1e-6 : 1e-5;
             n++;
         }
         if (2 * (n - (rows - drawing)) < drawing)
@@ -1607,8 +1665,10 @@ static void run_all(struct suite *s)
             case_topk(s, float_dtypes[di], tk[i][0], tk[i][1], tk[i][2]);
         case_logit_mass(s, float_dtypes[di], 8, 1000);
         case_logit_mass(s, float_dtypes[di], 4, 49152);
-        case_logit_draw(s, float_dtypes[di], 64, 1000);
-        case_logit_draw(s, float_dtypes[di], 8, 49152);
+        case_logit_draw(s, float_dtypes[di], 64, 1000, 0);
+        case_logit_draw(s, float_dtypes[di], 8, 49152, 0);
+        case_logit_draw(s, float_dtypes[di], 64, 1000, 1);
+        case_logit_draw(s, float_dtypes[di], 8, 49152, 1);
         case_logit_edit(s, float_dtypes[di], 1, 1);
         case_logit_edit(s, float_dtypes[di], 16, 1000);
         case_logit_lse(s, float_dtypes[di], 9, 1001);

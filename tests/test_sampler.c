@@ -436,6 +436,76 @@ static long draws_differ(int how, double tol, struct sampler *whole, struct back
     return differ;
 }
 
+/* CUDA's nucleus algorithm (kernels/cuda/logit_mass.cu logit_nucleus_kernel) on the host: the
+ * candidates binned by logit (2048 even bins over [floor, max], the same float arithmetic), each
+ * bin's weight summed (f64, id order here: any order there), the crossing bin's members sorted
+ * alone and walked; the cut, then the draw among the kept, margins as the kernel forms them. */
+#define NUC_BINS 2048
+static int nuc_bin(float x, float m, float scale)
+{
+    const float f = (m - x) * scale;
+    return f > 0.0f ? (f < (float)(NUC_BINS - 1) ? (int)f : NUC_BINS - 1) : 0;
+}
+
+static const float *nuc_row;
+static int nuc_order(const void *a, const void *b)
+{
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    if (nuc_row[i] != nuc_row[j]) return nuc_row[i] > nuc_row[j] ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+
+/* The select: the first candidate (sampler's order) whose running sum reaches goal (strict:
+ * exceeds); *lo, *hi the sum before and at it. */
+static int32_t nuc_select(const float *row, float m, float t, float floor_logit, float scale, double goal, int strict,
+                          double *lo, double *hi)
+{
+    static double mass[NUC_BINS];
+    static int32_t members[DRAW_V];
+    memset(mass, 0, sizeof mass);
+    for (int j = 0; j < DRAW_V; j++)
+        if (row[j] >= floor_logit) mass[nuc_bin(row[j], m, scale)] += sampler_exp((row[j] - m) / t);
+    double acc = 0.0;
+    int bin = -1;
+    for (int b = 0; b < NUC_BINS && bin < 0; b++) {
+        if (strict ? acc + mass[b] > goal : acc + mass[b] >= goal) bin = b;
+        else acc += mass[b];
+    }
+    if (bin < 0) return -1;
+    int n = 0;
+    for (int j = 0; j < DRAW_V; j++)
+        if (row[j] >= floor_logit && nuc_bin(row[j], m, scale) == bin) members[n++] = j;
+    nuc_row = row;
+    qsort(members, (size_t)n, sizeof *members, nuc_order);
+    for (int k = 0; k < n; k++) {
+        *lo = acc;
+        acc += sampler_exp((row[members[k]] - m) / t);
+        if (strict ? acc > goal : acc >= goal) {
+            *hi = acc;
+            return members[k];
+        }
+    }
+    return -1;
+}
+
+static int32_t nucleus_binned(const float *row, float t, float top_p, float u, float *margin)
+{
+    const float m = sampler_max(row, DRAW_V), floor_logit = m + t * -27.631021f, span = m - floor_logit;
+    const float scale = span > 0.0f && isfinite(span) ? (float)(NUC_BINS - 1) / span : 0.0f;
+    double total = 0.0, lo = 0.0, hi = 0.0;
+    for (int j = 0; j < DRAW_V; j++)
+        if (row[j] >= floor_logit) total += sampler_exp((row[j] - m) / t);
+    *margin = 0.0f;
+    const int32_t cut = nuc_select(row, m, t, floor_logit, scale, (double)top_p * total, 0, &lo, &hi);
+    if (cut < 0) return -1;
+    const double kept = hi, cut_margin = fmin(hi / total - (double)top_p, (double)top_p - lo / total);
+    const double goal = (double)u * kept;
+    const int32_t tok = nuc_select(row, m, t, floor_logit, scale, goal, 1, &lo, &hi);
+    if (tok < 0 || row[tok] < row[cut] || (row[tok] == row[cut] && tok > cut)) return -1; /* past the cut */
+    *margin = (float)fmin(cut_margin, fmin(goal - lo, hi - goal) / kept);
+    return tok;
+}
+
 /* op_logit_draw's top_p rows (the nucleus drawn on the device) on the CPU backend against
  * sampler_sample over the whole row with the same random state: rows of DRAW_V logits (flat, a
  * head over a tail, N(0, 3), and a row of ties), four temperatures, four top_p, 40 seeded draws
@@ -453,8 +523,8 @@ static void check_nucleus_draw(void)
         return;
     }
     const float temps[] = {0.5f, 1.0f, 1.5f, 2.0f}, top_ps[] = {0.5f, 0.9f, 0.95f, 0.99f};
-    long decided = 0, undecided = 0, differ = 0, wide = 0;
-    char d[256] = "";
+    long decided = 0, undecided = 0, differ = 0, wide = 0, decided_b = 0, undecided_b = 0, differ_b = 0;
+    char d[256] = "", db[256] = "";
     for (int kind = 0; kind < 4; kind++)
         for (unsigned seed = 1; seed <= 2; seed++) {
             struct rng g;
@@ -493,6 +563,12 @@ static void check_nucleus_draw(void)
                         struct tensor tp = tensor_make(&p.top_p, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
                         struct tensor tu = tensor_make(&u, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
                         op_logit_draw(b, &ti, &tm, &x, &tt, &tp, &tu);
+                        float mb = 0.0f;
+                        const int32_t t3 = nucleus_binned(row, p.temperature, p.top_p, u, &mb);
+                        if (t3 < 0 || mb < (float)SAMPLER_DRAW_TOL_EXACT) undecided_b++;
+                        else if (decided_b++, t3 != t1 && !differ_b++)
+                            snprintf(db, sizeof db, "kind %d, T %g, top_p %g, draw %d: %d (margin %.3g) against %d", kind,
+                                     (double)p.temperature, (double)p.top_p, (int)k, t3, (double)mb, t1);
                         if (t2 < 0 || margin < (float)SAMPLER_DRAW_TOL_EXACT) {
                             undecided++;
                             continue;
@@ -509,6 +585,9 @@ static void check_nucleus_draw(void)
              "whole row's token and random stream; %ld of 128 nuclei past the top %d", decided, decided + undecided,
              SAMPLER_DRAW_TOL_EXACT, wide, TOP_K);
     check(differ == 0 && decided * 1000 >= (decided + undecided) * 995 && wide >= 32, what, differ ? d : NULL);
+    snprintf(what, sizeof what, "CUDA's nucleus algorithm (bins, the crossing bin sorted): %ld of %ld draws decided at "
+             "%g, each the whole row's token", decided_b, decided_b + undecided_b, SAMPLER_DRAW_TOL_EXACT);
+    check(differ_b == 0 && decided_b * 1000 >= (decided_b + undecided_b) * 990, what, differ_b ? db : NULL);
     backend_close(b);
     sampler_free(&whole);
 }

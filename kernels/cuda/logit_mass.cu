@@ -3,7 +3,8 @@
  * row: the row's maximum (cuda_block_max), then each thread's f64 partial sum, added in a fixed
  * shuffle tree (the same bits on every run).
  * op_logit_draw: plain temperature sampling's draw over a row, the token whose interval of
- * cumulative weight (id order) holds u times the row's total, and how far inside it the target lies.
+ * cumulative weight (id order) holds u times the row's total, and how far inside it the target lies;
+ * its top_p rows, the nucleus drawn in the sampler's order (logit_nucleus_kernel).
  * op_logit_edit: a sampler's edits of single logits (bias, bans, penalties), one thread an entry.
  * op_logit_mask: a constraint's masks, a block per masked row. op_logit_lse: log-probabilities'
  * normaliser, a block per row, the host's weights summed in f64 in a fixed tree.
@@ -99,12 +100,17 @@ static __device__ __forceinline__ float draw_exp(float x)
     return __fmul_rn(p, __uint_as_float(bits));
 }
 
-/* The sampler's weight of element j: sampler_exp((x - m) / t), 0 at or below -87. */
+/* The sampler's weight of a logit x: sampler_exp((x - m) / t), 0 at or below -87. */
+static __device__ __forceinline__ float sampler_weight(float x, float m, float t)
+{
+    const float d = __fdiv_rn(__fsub_rn(x, m), t);
+    return d > -87.0f ? draw_exp(d) : 0.0f;
+}
+
 template <typename T>
 static __device__ __forceinline__ float draw_weight(const T *xr, int64_t j, float m, float t)
 {
-    const float d = __fdiv_rn(__fsub_rn(cuda_load(xr + j), m), t);
-    return d > -87.0f ? draw_exp(d) : 0.0f;
+    return sampler_weight(cuda_load(xr + j), m, t);
 }
 
 /* One block per row. The maximum (strided, coalesced); then thread k sums the weights of its
@@ -155,8 +161,160 @@ logit_draw_kernel(int32_t *ids, float *margin, const T *x, const float *temp, co
     }
 }
 
-/* ids i32 (n), margin f32 (n); x any float dtype (n, v); temp, u f32 (n); top_p NULL or f32 (n).
- * A top_p row (top_p < 1) is not drawn on CUDA yet: id -1 (ops.h allows it; the host samples it). */
+/* ---- the nucleus (op_logit_draw's top_p rows) ----
+ * One block per top_p row. The candidates (x >= the floor) sorted by logit (highest first, ties by
+ * id) are never sorted whole: a token where the running sum of their weights crosses a goal is
+ * found by binning the candidates by logit (NUC_BINS even bins over [floor, max]: a lower bin holds
+ * only higher logits), summing each bin's weights (f64 shared atomics), finding the bin where the
+ * sum crosses, then sorting that bin's members alone (bitonic, in shared memory) and walking them.
+ * Twice: the cut (the running sum reaching top_p of the total), then the draw among the kept (the
+ * running sum exceeding u times their sum). The sums' order is not the host's: the margins say how
+ * far each decision lies from its edge, and the caller takes the token only where that is at least
+ * its tolerance. A crossing bin of more than NUC_CAP members (ties by the thousand), no crossing
+ * (rounding), or a draw past the cut gives -1: the host samples the row. */
+#define NUC_THREADS 1024
+#define NUC_BINS 2048
+#define NUC_CAP 2048
+
+struct nucleus_smem {
+    double mass[NUC_BINS]; /* each bin's weight */
+    int    count[NUC_BINS];
+    float  cx[NUC_CAP];    /* the crossing bin's members: logits and ids */
+    int    cid[NUC_CAP];
+    int    bin, n, tok;    /* the crossing bin, its members gathered, the token found (-1: none) */
+    float  tok_x;
+    double before, lo, hi; /* the weight of the bins before it; the running sum before and at the token */
+};
+
+/* The bin of a candidate x: 0 for the row's maximum m, NUC_BINS - 1 at the floor (monotone in x). */
+static __device__ __forceinline__ int nucleus_bin(float x, float m, float scale)
+{
+    const float f = __fmul_rn(__fsub_rn(m, x), scale);
+    return f > 0.0f ? (f < (float)(NUC_BINS - 1) ? (int)f : NUC_BINS - 1) : 0;
+}
+
+/* Whether candidate (x, id) comes before (y, jd) in the sampler's order. */
+static __device__ __forceinline__ bool nucleus_before(float x, int id, float y, int jd)
+{
+    return x > y || (x == y && id < jd);
+}
+
+/* With every thread of the block: the first candidate, in the sampler's order, where the running
+ * sum of weights reaches goal (strict: exceeds it); sm->tok, sm->tok_x, sm->lo and sm->hi (the sum
+ * before and at it), sm->tok -1 when none is found. */
+template <typename T>
+static __device__ void nucleus_select(struct nucleus_smem *sm, const T *xr, int64_t v, float m, float t, float floor_logit,
+                                      float scale, double goal, bool strict)
+{
+    for (int b = threadIdx.x; b < NUC_BINS; b += blockDim.x) sm->mass[b] = 0.0, sm->count[b] = 0;
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+        const float x = cuda_load(xr + j);
+        if (!(x >= floor_logit)) continue;
+        const int b = nucleus_bin(x, m, scale);
+        atomicAdd(&sm->mass[b], (double)sampler_weight(x, m, t));
+        atomicAdd(&sm->count[b], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double acc = 0.0;
+        sm->bin = -1, sm->n = 0, sm->tok = -1;
+        for (int b = 0; b < NUC_BINS; b++) {
+            const double next = acc + sm->mass[b];
+            if (strict ? next > goal : next >= goal) {
+                sm->bin = b;
+                break;
+            }
+            acc = next;
+        }
+        sm->before = acc;
+    }
+    __syncthreads();
+    const int bin = sm->bin;
+    if (bin < 0 || sm->count[bin] > NUC_CAP) return; /* (every thread reads the same) */
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+        const float x = cuda_load(xr + j);
+        if (x >= floor_logit && nucleus_bin(x, m, scale) == bin) {
+            const int k = atomicAdd(&sm->n, 1);
+            sm->cx[k] = x, sm->cid[k] = (int)j;
+        }
+    }
+    __syncthreads();
+    const int n = sm->n;
+    int p = 1;
+    while (p < n) p <<= 1;
+    for (int k = n + threadIdx.x; k < p; k += blockDim.x) sm->cx[k] = -INFINITY, sm->cid[k] = 0x7fffffff;
+    __syncthreads();
+    for (int k = 2; k <= p; k <<= 1) /* bitonic sort into the sampler's order */
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < p; i += blockDim.x) {
+                const int l = i ^ j;
+                if (l <= i) continue;
+                const bool up = (i & k) == 0;
+                const bool l_first = nucleus_before(sm->cx[l], sm->cid[l], sm->cx[i], sm->cid[i]);
+                if (up ? l_first : !l_first) {
+                    const float x = sm->cx[i];
+                    const int id = sm->cid[i];
+                    sm->cx[i] = sm->cx[l], sm->cid[i] = sm->cid[l];
+                    sm->cx[l] = x, sm->cid[l] = id;
+                }
+            }
+            __syncthreads();
+        }
+    if (threadIdx.x == 0) {
+        double acc = sm->before;
+        for (int k = 0; k < n; k++) {
+            const double lo = acc;
+            acc += sampler_weight(sm->cx[k], m, t);
+            if (strict ? acc > goal : acc >= goal) {
+                sm->tok = sm->cid[k], sm->tok_x = sm->cx[k], sm->lo = lo, sm->hi = acc;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+template <typename T>
+static __global__ void __launch_bounds__(NUC_THREADS)
+logit_nucleus_kernel(int32_t *ids, float *margin, const T *x, const float *temp, const float *top_p, const float *u,
+                     int64_t v)
+{
+    __shared__ struct nucleus_smem sm;
+    const int64_t i = blockIdx.x;
+    const float t = temp[i], q = top_p[i];
+    if (!(t > 0.0f) || !(q < 1.0f)) return; /* not a nucleus row: the plain kernel's (the whole block) */
+    const T *xr = x + i * v;
+    const float m = row_max(xr, v);
+    const float floor_logit = __fadd_rn(m, __fmul_rn(t, -27.631021f)); /* (the host: top + T * ln(1e-12)) */
+    const float span = __fsub_rn(m, floor_logit);
+    const float scale = span > 0.0f && isfinite(span) ? __fdiv_rn((float)(NUC_BINS - 1), span) : 0.0f;
+    double total = 0.0;
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+        const float e = cuda_load(xr + j);
+        if (e >= floor_logit) total += sampler_weight(e, m, t);
+    }
+    total = mass_block_sum(total);
+    nucleus_select(&sm, xr, v, m, t, floor_logit, scale, (double)q * total, false); /* the cut */
+    if (sm.tok < 0) {
+        if (threadIdx.x == 0) ids[i] = -1, margin[i] = 0.0f;
+        return;
+    }
+    const double kept = sm.hi, cut_margin = fmin(sm.hi / total - (double)q, (double)q - sm.lo / total);
+    const float cut_x = sm.tok_x;
+    const int cut_id = sm.tok;
+    __syncthreads(); /* (every thread has read the cut before the draw's select overwrites it) */
+    const double goal = (double)u[i] * kept;
+    nucleus_select(&sm, xr, v, m, t, floor_logit, scale, goal, true); /* the draw among the kept */
+    if (threadIdx.x == 0) {
+        const bool kept_tok = sm.tok >= 0 && !nucleus_before(cut_x, cut_id, sm.tok_x, sm.tok); /* (at or before the cut) */
+        ids[i] = kept_tok ? sm.tok : -1;
+        margin[i] = kept_tok ? (float)fmin(cut_margin, fmin(goal - sm.lo, sm.hi - goal) / kept) : 0.0f;
+    }
+}
+
+/* ids i32 (n), margin f32 (n); x any float dtype (n, v); temp, u f32 (n); top_p NULL or f32 (n):
+ * the plain rows by logit_draw_kernel, then the top_p rows by logit_nucleus_kernel. */
 void cuda_logit_draw(struct backend *b, const struct tensor *ids, const struct tensor *margin,
                      const struct tensor *x, const struct tensor *temp, const struct tensor *top_p,
                      const struct tensor *u)
@@ -168,6 +326,12 @@ void cuda_logit_draw(struct backend *b, const struct tensor *ids, const struct t
         logit_draw_kernel<T><<<(unsigned)n, DRAW_THREADS, 0, s->stream>>>(
             (int32_t *)ids->data, (float *)margin->data, (const T *)x->data, (const float *)temp->data,
             top_p ? (const float *)top_p->data : (const float *)NULL, (const float *)u->data, v);
+        LAUNCH_CHECK());
+    if (!top_p) return;
+    CUDA_DISPATCH_FLOAT(x->dtype, T,
+        logit_nucleus_kernel<T><<<(unsigned)n, NUC_THREADS, 0, s->stream>>>(
+            (int32_t *)ids->data, (float *)margin->data, (const T *)x->data, (const float *)temp->data,
+            (const float *)top_p->data, (const float *)u->data, v);
         LAUNCH_CHECK());
 }
 
