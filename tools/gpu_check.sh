@@ -126,7 +126,8 @@ run_tests() {
     "$B/build/tests/test_model" cuda "$B/build/golden" phi3_lora
   local f # the decode-step kernels of 2026-12-04 (gemv, vector rmsnorm and argmax, rope over heads);
   # logit_mass, logit_draw, logit_edit, logit_mask and logit_lse (sampled rows' top candidates, plain
-  # temperature draws, penalties and logit bias, constraints, log-probabilities; written after it)
+  # temperature draws and top_p nuclei past the candidates, penalties and logit bias, constraints,
+  # log-probabilities; written after it)
   for f in "matmul bf16" "matmul f16" rmsnorm argmax rope logit_mass logit_draw logit_edit logit_mask logit_lse; do
     step "memcheck test_ops ($f)" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$B/build/tests/test_ops" --backend cuda --filter "$f"
@@ -180,7 +181,7 @@ run_bench() {
     echo "without greedy sampling on the device (SHARDLM_DEVICE_SAMPLING=0):" >> "$log"
     step "bench_engine llama1b cuda, host sampling" 60 "$log" env SHARDLM_DEVICE_SAMPLING=0 \
       "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1,64 --prompt 32 --tokens 64
-    echo "sampled requests (temperature 0.8, top_p 0.95: each row's top 64 logits and its mass downloaded, the row where they cannot decide):" >> "$log"
+    echo "sampled requests (temperature 0.8, top_p 0.95: each row's top 64 logits and its mass downloaded, and its nucleus drawn on the device where they cannot decide; the row where that draw lands within the tolerance of an edge):" >> "$log"
     step "bench_engine llama1b cuda, sampled" 60 "$log" "$B/build/tests/bench_engine" --device cuda --model "$m" \
       --concurrency 1,64 --prompt 32 --tokens 64 --temperature 0.8 --top-p 0.95
     echo "the same with every row downloaded (SHARDLM_DEVICE_SAMPLING=0):" >> "$log"
