@@ -53,9 +53,9 @@ static float draw_weight(const struct tensor *x, size_t at, float m, float t)
     return d > -87.0f ? cpu_exp(d) : 0.0f;
 }
 
-/* A nucleus candidate: its logit and id (sorted by logit, highest first, ties by id). */
+/* A nucleus candidate: its logit, id and weight (sorted by logit, highest first, ties by id). */
 struct nucleus_cand {
-    float   x;
+    float   x, w;
     int32_t id;
 };
 
@@ -79,8 +79,8 @@ static void nucleus_draw(const struct tensor *x, size_t row, int64_t v, float t,
     for (int64_t j = 0; j < v; j++) {
         const float e = dtype_load_f32(x->data, x->dtype, row + (size_t)j);
         if (e >= floor_logit) {
-            c[n++] = (struct nucleus_cand){e, (int32_t)j};
-            total += draw_weight(x, row + (size_t)j, m, t);
+            c[n] = (struct nucleus_cand){e, draw_weight(x, row + (size_t)j, m, t), (int32_t)j};
+            total += c[n++].w;
         }
     }
     qsort(c, (size_t)n, sizeof *c, by_logit_then_id);
@@ -88,7 +88,7 @@ static void nucleus_draw(const struct tensor *x, size_t row, int64_t v, float t,
     int64_t keep = n;
     for (int64_t k = 0; k < n; k++) {
         const double before = cum;
-        cum += draw_weight(x, row + (size_t)c[k].id, m, t) / total;
+        cum += c[k].w / total;
         if (cum >= top_p) {
             keep = k + 1;
             cut_margin = fmin(cum - top_p, top_p - before);
@@ -97,12 +97,12 @@ static void nucleus_draw(const struct tensor *x, size_t row, int64_t v, float t,
     }
     if (keep == n && !(cum >= top_p)) cut_margin = top_p - cum; /* none reached: every candidate kept */
     double sum = 0.0;
-    for (int64_t k = 0; k < keep; k++) sum += draw_weight(x, row + (size_t)c[k].id, m, t);
+    for (int64_t k = 0; k < keep; k++) sum += c[k].w;
     const double target = (double)u * sum;
     double acc = 0.0;
     for (int64_t k = 0; k < keep; k++) {
         const double before = acc;
-        acc += draw_weight(x, row + (size_t)c[k].id, m, t);
+        acc += c[k].w;
         if (target < acc) {
             *id = c[k].id, *mg = (float)fmin(cut_margin, fmin(target - before, acc - target) / sum);
             return;
@@ -118,7 +118,7 @@ void cpu_logit_draw(struct backend *b, const struct tensor *ids, const struct te
     const float *t = temp->data, *uu = u->data, *tp = top_p ? top_p->data : NULL;
     int32_t *id = ids->data;
     float *mg = margin->data;
-    const size_t per = 2 * (size_t)v; /* (a nucleus row's candidates: two words each) */
+    const size_t per = 3 * (size_t)v; /* (a nucleus row's candidates: three words each) */
     int nucleus = 0;
     for (int64_t i = 0; i < n && tp; i++) nucleus |= t[i] > 0.0f && tp[i] < 1.0f;
     float *scratch = nucleus ? cpu_scratch(b, per) : NULL;
