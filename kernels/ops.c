@@ -113,6 +113,32 @@ void backend_memset_zero(struct backend *b, void *dst, size_t n)
 
 void backend_synchronize(struct backend *b) { b->ops->synchronize(b); }
 
+enum status backend_graph_begin(struct backend *b)
+{
+    if (!b->ops->graph_begin) return status_errorf(STATUS_UNAVAILABLE, "%s: no graphs", b->ops->name);
+    return b->ops->graph_begin(b);
+}
+
+enum status backend_graph_end(struct backend *b, struct backend_graph **out)
+{
+    void *g = NULL;
+    const enum status st = b->ops->graph_end(b, &g);
+    *out = st == STATUS_OK ? g : NULL;
+    return st;
+}
+
+enum status backend_graph_launch(struct backend *b, struct backend_graph *g)
+{
+    const enum status st = b->ops->graph_launch(b, g);
+    if (st == STATUS_OK) after_op(b);
+    return st;
+}
+
+void backend_graph_free(struct backend *b, struct backend_graph *g)
+{
+    if (g) b->ops->graph_free(b, g);
+}
+
 int backend_host_workers(const struct backend *b)
 {
     const int t = b->device == DEVICE_CPU && b->n_threads > 0 ? b->n_threads : omp_get_max_threads();

@@ -302,6 +302,12 @@ struct backend_ops {
                                       const struct tensor *dweights, const struct tensor *dout,
                                       const struct tensor *y, const struct tensor *ids,
                                       const struct tensor *weights);
+
+    /* backend_graph_*; NULL: the backend records no graphs */
+    enum status (*graph_begin)(struct backend *b);
+    enum status (*graph_end)(struct backend *b, void **graph);
+    enum status (*graph_launch)(struct backend *b, void *graph);
+    void (*graph_free)(struct backend *b, void *graph);
 };
 
 /* An open backend. Fields other than ops are read-only for callers. */
@@ -409,6 +415,29 @@ void backend_host_parallel(struct backend *b, int n, void (*fn)(void *ctx, int i
 /* Memory the device has free now and in all (CPU: MemAvailable / MemTotal of the host), for
  * sizing pools by a fraction of free memory. */
 enum status backend_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes);
+
+/* Graphs: a run of ops recorded once and queued again and again in one call (CUDA graphs: one
+ * launch for a decode step's hundreds of kernels). backend_graph_begin starts recording: the ops
+ * that follow, until backend_graph_end, do not run; each is recorded with its arguments as they
+ * are then (tensor pointers and shapes, scalars, the attention batch, rope's table). What the
+ * tensors point at is read when the graph runs: backend_graph_launch queues the recorded ops, in
+ * order, on the backend's stream. So a replay computes what the recorded calls would compute on
+ * the data as it is at launch, and nothing passed by value may differ from the recording's
+ * (a graph is captured per shape and per such value: engine/model/model.c's step graphs).
+ * Between begin and end: only ops, backend_copy and backend_memset_zero; an upload, a download,
+ * a synchronize, an alloc or an op scratch that would have to grow makes end fail.
+ * begin: STATUS_UNAVAILABLE where the backend records none (its log says why). end: the graph
+ * (free it with backend_graph_free before the backend closes), or STATUS_UNAVAILABLE when the
+ * recording failed (nothing ran: run the ops without a graph). launch: STATUS_UNAVAILABLE when the
+ * graph no longer holds (the backend moved a scratch area it points at): nothing was queued; free
+ * it and record again. The CPU backend records too, a mirror for tests: its replay calls the
+ * recorded CPU ops with the recorded arguments (ops other than the serving forward's run at once
+ * even while recording; no forward calls them). */
+struct backend_graph;
+enum status backend_graph_begin(struct backend *b);
+enum status backend_graph_end(struct backend *b, struct backend_graph **out);
+enum status backend_graph_launch(struct backend *b, struct backend_graph *g);
+void        backend_graph_free(struct backend *b, struct backend_graph *g); /* accepts NULL */
 
 /* ---- forward ops ---------------------------------------------------------------------- */
 

@@ -6,6 +6,7 @@
 #include "lora.h"
 #include "model_train.h"
 #include "moe.h"
+#include "step_graph.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -37,6 +38,8 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "model: workspace sizes must be positive (tokens %d, seqs %d, blocks %d, logits %d)",
                              max_tokens, max_seqs, max_blocks, max_logits);
+    const enum status gst = step_graphs_setup(m);
+    if (gst != STATUS_OK) return gst;
     if (m->ws.mem && max_tokens <= m->ws.max_tokens && max_seqs <= m->ws.max_seqs &&
         max_blocks <= m->ws.max_blocks && max_logits <= m->ws.max_logits &&
         (m->max_adapter_rank == 0 || tensor_cols(&m->ws.lora_u) >= m->max_adapter_rank))
@@ -119,6 +122,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     void *mem = NULL;
     enum status st = backend_alloc(m->b, total, &mem);
     if (st != STATUS_OK) return st;
+    step_graphs_drop(m); /* they point into the old workspace */
     backend_free(m->b, m->ws.mem);
     m->ws.mem = mem;
     size_t off = 0;
@@ -203,6 +207,7 @@ void model_free(struct model *m)
 {
     if (!m) return;
     moe_ep_log(m);
+    step_graphs_free(m);
     for (size_t i = 0; i < m->n_owned; i++) backend_free(m->b, m->owned[i]);
     free(m->owned);
     backend_free(m->b, m->ws.mem);
@@ -489,6 +494,56 @@ static int sample_on_device(struct model *m, const struct forward_batch *fb, str
     return 1;
 }
 
+/* The stage's ops of a step: its input rows (the embedding, or the previous stage's), then its
+ * layers, into ws.x. */
+static enum status stage_ops(struct serve_ctx *sc)
+{
+    struct model *m = sc->m;
+    const struct forward_batch *fb = sc->fb;
+    const int64_t T = fb->n_tokens;
+    struct tensor x = tensor_first_rows(&m->ws.x, T);
+    enum status st;
+    if (m->pp_rank == 0) {
+        if ((st = model_embed_input(m, T, &x)) != STATUS_OK) return st;
+        if (m->input_fc_emb.data) input_from_features(m, T, &x, fb->features);
+    } else if ((st = comm_recv(m->par.groups->pp, &x, m->pp_rank - 1)) != STATUS_OK) {
+        return st;
+    }
+    const struct layer_hooks hooks = {.ctx = sc, .gather = serve_gather, .partial = serve_partial,
+                                      .reduce = serve_reduce, .adapt = serve_adapt, .attend = serve_attend};
+    const struct layer_tensors lt = serve_tensors(m, T);
+    for (int l = 0; l < m->n_layers_local; l++)
+        if ((st = layer_forward(m, l, T, &lt, &hooks, 1)) != STATUS_OK) return st;
+    return STATUS_OK;
+}
+
+/* The logits of fb's rows into lg (the LM head's, or fb->head's): only the rows that need them go
+ * through the final norm (normed: src is through it already) and the head; gathering rows is the
+ * embedding lookup with the residual stream as the table. */
+static void head_ops(struct model *m, const struct forward_batch *fb, const struct tensor *src, int normed,
+                     const struct tensor *lg)
+{
+    struct backend *b = m->b;
+    struct tensor rows = tensor_first_rows(&m->ws.rows, fb->n_logits), ids = tensor_first_rows(&m->ws.logit_rows, fb->n_logits);
+    op_embedding(b, &rows, src, &ids, 0);
+    if (!normed) final_norm(m, &rows, &rows);
+    op_matmul(b, lg, &rows, fb->head ? fb->head : &m->w.lm_head, NULL);
+    if (m->cfg.final_softcap > 0.0f) op_softcap(b, lg, lg, m->cfg.final_softcap); /* Gemma 2 */
+}
+
+/* A step graph's body (step_graph.h: one rank, no head or hidden states): tokens to logits. */
+static enum status graph_ops(void *ctx)
+{
+    struct serve_ctx *sc = ctx;
+    struct model *m = sc->m;
+    const enum status st = stage_ops(sc);
+    if (st != STATUS_OK) return st;
+    const struct tensor x = tensor_first_rows(&m->ws.x, sc->fb->n_tokens);
+    const struct tensor lg = tensor_first_rows(&m->ws.logits, sc->fb->n_logits);
+    head_ops(m, sc->fb, &x, 0, &lg);
+    return STATUS_OK;
+}
+
 static enum status forward_step(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
                                 float *logits)
 {
@@ -544,47 +599,34 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
     CHECK(!fb->hidden || model_is_last_stage(m), "forward batch: hidden states asked of stage %d of %d", m->pp_rank,
           m->pp_size);
     CHECK(!m->input_fc_emb.data || fb->features, "forward batch: an EAGLE head without its features");
-    struct tensor x = tensor_first_rows(&m->ws.x, T);
-    enum status st;
-    if (m->pp_rank == 0) {
-        if ((st = model_embed_input(m, T, &x)) != STATUS_OK) return st;
-        if (m->input_fc_emb.data) input_from_features(m, T, &x, fb->features);
-    } else if ((st = comm_recv(m->par.groups->pp, &x, m->pp_rank - 1)) != STATUS_OK) {
-        return st;
-    }
-
-    struct serve_ctx sc = {.m = m, .cache = cache, .batch = &ab, .fb = fb};
-    const struct layer_hooks hooks = {.ctx = &sc, .gather = serve_gather, .partial = serve_partial,
-                                      .reduce = serve_reduce, .adapt = serve_adapt, .attend = serve_attend};
-    const struct layer_tensors lt = serve_tensors(m, T);
-    for (int l = 0; l < m->n_layers_local; l++)
-        if ((st = layer_forward(m, l, T, &lt, &hooks, 1)) != STATUS_OK) return st;
-
-    if (!model_is_last_stage(m)) return comm_send(m->par.groups->pp, &x, m->pp_rank + 1);
-    /* Every row's hidden state for EAGLE: all rows through the final norm, the logits' rows
-     * gathered from there. */
-    struct tensor normed = tensor_first_rows(&m->ws.xn, T);
-    if (fb->hidden) {
-        final_norm(m, &normed, &x);
-        download_rows(m, fb->hidden, &normed, T);
-    }
-    if (fb->n_logits == 0) {
-        backend_synchronize(b);
-        return STATUS_OK;
-    }
-    /* Otherwise only the rows that need logits go through the final norm and the LM head:
-     * gathering rows is the embedding lookup with the residual stream as the table. */
-    struct tensor rows = tensor_first_rows(&m->ws.rows, fb->n_logits), ids = tensor_first_rows(&m->ws.logit_rows, fb->n_logits);
-    op_embedding(b, &rows, fb->hidden ? &normed : &x, &ids, 0);
-    if (!fb->hidden) final_norm(m, &rows, &rows);
     struct tensor lg = tensor_first_rows(&m->ws.logits, fb->n_logits);
     if (fb->head) { /* another head (a draft's): its rows are the logits' columns, one rank */
         CHECK(m->tp_size == 1 && !fb->greedy_ids && tensor_rows(fb->head) <= m->vocab_local,
               "forward batch: a head of %lld rows at tp %d", (long long)tensor_rows(fb->head), m->tp_size);
         lg = tensor_make(m->ws.logits.data, m->dtype, b->device, 2, (int64_t)fb->n_logits, tensor_rows(fb->head));
     }
-    op_matmul(b, &lg, &rows, fb->head ? fb->head : &m->w.lm_head, NULL);
-    if (m->cfg.final_softcap > 0.0f) op_softcap(b, &lg, &lg, m->cfg.final_softcap); /* Gemma 2 */
+    struct serve_ctx sc = {.m = m, .cache = cache, .batch = &ab, .fb = fb};
+    struct step_graph_key key;
+    enum status st;
+    if (step_graph_fits(m, cache, fb, &ab, &key)) { /* the whole step in one launch where it may */
+        if ((st = step_graph_run(m, &key, graph_ops, &sc)) != STATUS_OK) return st;
+    } else {
+        if ((st = stage_ops(&sc)) != STATUS_OK) return st;
+        struct tensor x = tensor_first_rows(&m->ws.x, T);
+        if (!model_is_last_stage(m)) return comm_send(m->par.groups->pp, &x, m->pp_rank + 1);
+        /* Every row's hidden state for EAGLE: all rows through the final norm, the logits' rows
+         * gathered from there. */
+        struct tensor normed = tensor_first_rows(&m->ws.xn, T);
+        if (fb->hidden) {
+            final_norm(m, &normed, &x);
+            download_rows(m, fb->hidden, &normed, T);
+        }
+        if (fb->n_logits == 0) {
+            backend_synchronize(b);
+            return STATUS_OK;
+        }
+        head_ops(m, fb, fb->hidden ? &normed : &x, fb->hidden != NULL, &lg);
+    }
     struct tensor full = lg;
     if (m->tp_size > 1) { /* vocab-parallel shards side by side: (rows, tp * vocab_local) */
         full = tensor_first_rows(&m->ws.logits_full, fb->n_logits);

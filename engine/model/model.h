@@ -28,6 +28,7 @@ extern "C" {
 #endif
 
 struct train_memory;
+struct step_graphs;
 struct lora;
 
 /* How one rank's model joins the others. */
@@ -172,6 +173,8 @@ struct model {
     struct lora *const *adapters;
     int n_adapters;
     int max_adapter_rank;
+    /* Decode steps replayed from backend graphs (step_graph.c), NULL until model_reserve. */
+    struct step_graphs *graphs;
 };
 
 /* The rotary frequency divisors of a rope scaling (cfg.rope_scaling): out[i] (rot_dim / 2) =
@@ -334,6 +337,16 @@ struct forward_batch {
  * untouched). Every rank of the world calls it with the same batch. The batch must fit the
  * reserved workspace (a caller bug otherwise). Communication failures (a peer rank gone)
  * return STATUS_UNAVAILABLE. */
+/* What the step graphs did so far (step_graph.c): decode steps whose ops were recorded into a
+ * backend graph (captured), run from one (replayed), and shapes whose recording failed and which
+ * run op by op from then on (refused). on: whether steps may take graphs at all
+ * (SHARDLM_GRAPHS: 0 never, 1 on any backend that records them; unset: on CUDA only). */
+struct model_graph_stats {
+    int  on;
+    long captured, replayed, refused;
+};
+struct model_graph_stats model_graph_stats(const struct model *m);
+
 enum status model_forward(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
                           float *logits);
 

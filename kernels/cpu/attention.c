@@ -364,6 +364,11 @@ static void check_batch(const struct attn_ctx *c, int64_t n, int64_t n_blocks)
         CHECK(n_new >= 0 && c->seq_len[s] >= n_new && c->seq_len[s] <= (int64_t)batch->max_blocks * bt,
               "attention: sequence %d has %d new rows, seq_len %d, room for %lld", s, n_new,
               c->seq_len[s], (long long)batch->max_blocks * bt);
+        /* The bound CUDA's split-K kernel sizes its splits by (a graph replays the one it was
+         * captured with): positions past it would go unattended there. */
+        CHECK(batch->max_seq_len <= 0 || c->seq_len[s] <= batch->max_seq_len,
+              "attention: sequence %d holds %d tokens, past the batch's max_seq_len %d", s, c->seq_len[s],
+              batch->max_seq_len);
         for (int64_t j = 0; j < (c->seq_len[s] + bt - 1) / bt; j++) {
             int32_t blk = c->table[(int64_t)s * batch->max_blocks + j];
             CHECK(blk >= 0 && blk < n_blocks, "attention: sequence %d block %lld is %d (pool %lld)",

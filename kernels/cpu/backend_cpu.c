@@ -129,6 +129,10 @@ static enum status cpu_mem_info(struct backend *b, size_t *free_bytes, size_t *t
 static void cpu_close(struct backend *b)
 {
     struct cpu_state *s = b->impl;
+    if (s->graph) { /* closed while recording */
+        void *g = NULL;
+        if (cpu_graph_end(b, &g) == STATUS_OK) cpu_graph_free(b, g);
+    }
     free(s->scratch);
     free(s);
     free(b);
@@ -201,6 +205,10 @@ static const struct backend_ops cpu_backend_ops = {
     .adamw = cpu_adamw,
     .sum_squares = cpu_sum_squares,
     .scatter_add_rows_backward = cpu_scatter_add_weighted_backward,
+    .graph_begin = cpu_graph_begin,
+    .graph_end = cpu_graph_end,
+    .graph_launch = cpu_graph_launch,
+    .graph_free = cpu_graph_free,
 };
 
 enum status cpu_backend_open(int n_threads, struct backend **out)

@@ -15,10 +15,18 @@
 
 /* Backend-private state. The scratch arena grows to the largest request and then stays: ops
  * allocate nothing per call once the largest shape has been seen. */
+struct cpu_graph;
 struct cpu_state {
     float *scratch;       /* (scratch_floats) */
     size_t scratch_floats;
+    struct cpu_graph *graph; /* the graph being recorded (graph.c), or NULL */
 };
+
+/* The graph slots (graph.c; ops.h backend_graph_*). */
+enum status cpu_graph_begin(struct backend *b);
+enum status cpu_graph_end(struct backend *b, void **graph);
+enum status cpu_graph_launch(struct backend *b, void *graph);
+void        cpu_graph_free(struct backend *b, void *graph);
 
 /* Returns a scratch area of per_thread floats for each of b->n_threads threads (thread i uses
  * base + i * cpu_scratch_stride(per_thread)). Valid until the next cpu_scratch call; call it

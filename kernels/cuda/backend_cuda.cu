@@ -16,10 +16,20 @@
  * newer devices compile at load time); an older device could not run any kernel. */
 #define CUDA_MIN_COMPUTE_MAJOR 8
 
+/* Inside a graph's capture: names what the capture cannot hold (the first such) and returns 1,
+ * and the caller does nothing; 0 outside one. */
+static int capture_refuses(struct cuda_state *s, const char *what)
+{
+    if (!s->capturing) return 0;
+    if (!s->capture_failed) s->capture_failed = what;
+    return 1;
+}
+
 static enum status cuda_alloc(struct backend *b, size_t nbytes, void **ptr)
 {
-    cuda_state_enter(b);
+    struct cuda_state *s = cuda_state_enter(b);
     *ptr = NULL;
+    if (capture_refuses(s, "an alloc")) return status_errorf(STATUS_UNAVAILABLE, "CUDA: no alloc inside a graph's capture");
     /* cudaMalloc returns 256-byte aligned memory, as ops.h promises. A zero-byte request still
      * gets a distinct, freeable pointer, as on the CPU backend. */
     cudaError_t err = cudaMalloc(ptr, nbytes ? nbytes : 256);
@@ -38,7 +48,7 @@ static enum status cuda_alloc(struct backend *b, size_t nbytes, void **ptr)
 
 static void cuda_free(struct backend *b, void *ptr)
 {
-    cuda_state_enter(b);
+    if (capture_refuses(cuda_state_enter(b), "a free")) return;
     CUDA_CHECK(cudaFree(ptr));
 }
 
@@ -73,7 +83,7 @@ static void cuda_host_free(struct backend *b, void *ptr)
 static void cuda_upload(struct backend *b, void *dst_device, const void *src_host, size_t nbytes)
 {
     struct cuda_state *s = cuda_state_enter(b);
-    if (nbytes == 0) return;
+    if (nbytes == 0 || capture_refuses(s, "an upload")) return;
     CUDA_CHECK(cudaMemcpyAsync(dst_device, src_host, nbytes, cudaMemcpyHostToDevice, s->stream));
 }
 
@@ -82,7 +92,7 @@ static void cuda_upload(struct backend *b, void *dst_device, const void *src_hos
 static void cuda_download(struct backend *b, void *dst_host, const void *src_device, size_t nbytes)
 {
     struct cuda_state *s = cuda_state_enter(b);
-    if (nbytes == 0) return;
+    if (nbytes == 0 || capture_refuses(s, "a download")) return;
     CUDA_CHECK(cudaMemcpyAsync(dst_host, src_device, nbytes, cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
 }
@@ -119,6 +129,7 @@ static enum status cuda_mem_info(struct backend *b, size_t *free_bytes, size_t *
 static void cuda_synchronize(struct backend *b)
 {
     struct cuda_state *s = cuda_state_enter(b);
+    if (capture_refuses(s, "a synchronize")) return;
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
     /* A fault in a kernel is also reported by the synchronize above; this catches a launch
      * error nobody has read yet. */
@@ -128,6 +139,12 @@ static void cuda_synchronize(struct backend *b)
 static void cuda_close(struct backend *b)
 {
     struct cuda_state *s = cuda_state_enter(b);
+    if (s->capturing) { /* closed inside a capture: end it, keep nothing */
+        cudaGraph_t g = NULL;
+        if (cudaStreamEndCapture(s->stream, &g) == cudaSuccess && g) (void)cudaGraphDestroy(g);
+        (void)cudaGetLastError();
+        s->capturing = 0;
+    }
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
     cuda_matmul_free(s);
     if (s->scratch) CUDA_CHECK(cudaFree(s->scratch));
@@ -140,6 +157,8 @@ void *cuda_scratch(struct backend *b, size_t nbytes)
 {
     struct cuda_state *s = cuda_state_enter(b);
     if (nbytes <= s->scratch_bytes && s->scratch) return s->scratch;
+    /* A capture records the pointer and runs nothing: it fails, and the ops run again outside it. */
+    if (capture_refuses(s, "the op scratch growing")) return s->scratch;
     CUDA_CHECK(cudaStreamSynchronize(s->stream)); /* queued ops may still use the old area */
     if (s->scratch) CUDA_CHECK(cudaFree(s->scratch));
     s->scratch = NULL;
@@ -149,6 +168,76 @@ void *cuda_scratch(struct backend *b, size_t nbytes)
           cudaGetErrorString(err));
     s->scratch_bytes = nbytes;
     return s->scratch;
+}
+
+/* ---- graphs (ops.h backend_graph_*) ------------------------------------------------------------
+ * Stream capture in thread-local mode: this thread's calls that capture cannot hold are refused
+ * by the slots above (capture_refuses) rather than made; other threads are not affected. A graph
+ * keeps the op scratch it was captured with: once the scratch has moved (grown), launch refuses
+ * it and the caller captures again. */
+struct cuda_graph {
+    cudaGraphExec_t exec;
+    void           *scratch;
+};
+
+static enum status cuda_graph_begin(struct backend *b)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    CHECK(!s->capturing, "CUDA graph: begin inside a capture");
+    const cudaError_t err = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return status_errorf(STATUS_UNAVAILABLE, "CUDA device %d: cudaStreamBeginCapture: %s", s->device_id,
+                             cudaGetErrorString(err));
+    }
+    s->capturing = 1;
+    s->capture_failed = NULL;
+    return STATUS_OK;
+}
+
+static enum status cuda_graph_end(struct backend *b, void **graph)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    CHECK(s->capturing, "CUDA graph: end without a begin");
+    *graph = NULL;
+    cudaGraph_t g = NULL;
+    cudaError_t err = cudaStreamEndCapture(s->stream, &g);
+    s->capturing = 0;
+    const char *why = s->capture_failed ? s->capture_failed : err != cudaSuccess ? cudaGetErrorString(err) : NULL;
+    cudaGraphExec_t exec = NULL;
+    if (!why && (err = cudaGraphInstantiate(&exec, g, 0)) != cudaSuccess) why = cudaGetErrorString(err);
+    if (g) CUDA_CHECK(cudaGraphDestroy(g));
+    if (why) {
+        (void)cudaGetLastError(); /* a failed capture is not sticky */
+        return status_errorf(STATUS_UNAVAILABLE, "CUDA device %d: graph capture failed: %s", s->device_id, why);
+    }
+    struct cuda_graph *cg = (struct cuda_graph *)malloc(sizeof *cg);
+    if (!cg) {
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "CUDA graph: out of host memory");
+    }
+    cg->exec = exec;
+    cg->scratch = s->scratch;
+    *graph = cg;
+    return STATUS_OK;
+}
+
+static enum status cuda_graph_launch(struct backend *b, void *graph)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    const struct cuda_graph *cg = (const struct cuda_graph *)graph;
+    if (cg->scratch != s->scratch)
+        return status_errorf(STATUS_UNAVAILABLE, "CUDA graph: the op scratch moved since the capture");
+    CUDA_CHECK(cudaGraphLaunch(cg->exec, s->stream));
+    return STATUS_OK;
+}
+
+static void cuda_graph_free(struct backend *b, void *graph)
+{
+    cuda_state_enter(b);
+    struct cuda_graph *cg = (struct cuda_graph *)graph;
+    CUDA_CHECK(cudaGraphExecDestroy(cg->exec));
+    free(cg);
 }
 
 static const struct backend_ops cuda_backend_ops = {
@@ -209,6 +298,10 @@ static const struct backend_ops cuda_backend_ops = {
     .adamw = cuda_adamw,
     .sum_squares = cuda_sum_squares,
     .scatter_add_rows_backward = cuda_scatter_add_weighted_backward,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
 };
 
 /* SHARDLM_CUDA_ATTENTION (see enum cuda_attention_mode); an unknown value is refused rather

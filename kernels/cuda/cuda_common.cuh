@@ -88,6 +88,11 @@ struct cuda_state {
      * once at open: (matmul_scratch_floats) floats */
     float         *matmul_scratch;
     size_t         matmul_scratch_floats;
+    /* A graph being captured (backend_cuda.cu's graph slots): the stream records instead of
+     * running, and what capture cannot hold (an upload, a download, a synchronize, an alloc, the
+     * op scratch growing) is not done but named here, which fails the capture at its end. */
+    int            capturing;
+    const char    *capture_failed;
 };
 
 /* A device area of at least nbytes (256-byte aligned) for one op's temporaries: it grows to the

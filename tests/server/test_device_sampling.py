@@ -9,7 +9,9 @@ none of these can decide: min_p with a nucleus past the 64), or plain temperatur
 bias, banned ids (min_tokens) and penalties edited into the row on the device first
 (op_logit_edit), a structured output's mask after them (op_logit_mask), log-probabilities from the
 candidates and the row's normaliser (op_logit_lse), and must take the very token, and give the very
-log-probabilities, the host takes from the whole row. A server with the path and one without get the same requests (seeded; llama.cpp's
+log-probabilities, the host takes from the whole row. The forced server also runs its decode steps from
+graphs at one rank (SHARDLM_GRAPHS=1, the CPU's recording mirror of CUDA graphs; its log must say so and
+refuse none), the plain one op by op: a GPU's default against the host's path. A server with the path and one without get the same requests (seeded; llama.cpp's
 defaults top_k 40 / top_p 0.95 / min_p 0.05, a low temperature, top_k 63, top_p alone, min_p
 alone, a nucleus wider than 64 tokens, plain temperature hot and cool, penalties, a logit bias,
 min_tokens, greedy with penalties, n = 3 after its first token, a JSON schema, a regex (greedy), a
@@ -56,7 +58,9 @@ MARKS = {"top": "drew from the device's top 64 logits",
          "exact": "its weights are the host's bits",
          "edits": "banned ids or penalties were applied on the device",
          "masks": "a constraint's mask was applied on the device",
-         "logprobs": "log-probabilities from the device's top"}
+         "logprobs": "log-probabilities from the device's top",
+         "graphs": "decode steps run from graphs",
+         "graph refused": "cannot run from a graph"}
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "One day, a girl named Sue",
            "Tom found a box", "The cat sat on"]
@@ -139,6 +143,9 @@ def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True,
         # a row's logits from depending on its neighbours (without it a sampled token deep in a text
         # flipped once in a few runs: a last bit of a logit moved a draw across its token's edge)
         env["SHARDLM_BATCH_INVARIANT"] = "1"
+        # the forced server as on a GPU: its decode steps from graphs too (the CPU's recording mirror, one
+        # rank: engine/model/step_graph.c), the plain one op by op
+        env["SHARDLM_GRAPHS"] = "1" if forced else "0"
         if forced:
             env["SHARDLM_DEVICE_SAMPLING"] = "1"
             if draw_tol:
@@ -164,10 +171,11 @@ def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True,
         check(distinct > 1, f"{name}: sampled outputs differ between prompts ({distinct} distinct), {what}")
     # (taken only 0.05 inside their token, draw_tol, a nucleus's cut is rarely that far from top_p)
     want = {"top": True, "fetched": True, "drawn": True, "nucleus drawn": not draw_tol, "draw fetched": bool(draw_tol), "exact": not draw_tol,
-            "edits": True, "masks": True, "logprobs": True}
+            "edits": True, "masks": True, "logprobs": True, "graphs": not launcher}
     got = {k: said[True][k] for k in want if want[k] or k == "exact"}
-    check(all(got[k] == want[k] for k in got) and not any(said[False].values()),
-          f"{name}: the forced server's log says {', '.join(k for k in want if want[k])} ({got}); the plain "
+    check(all(got[k] == want[k] for k in got) and not said[True]["graph refused"] and not any(said[False].values()),
+          f"{name}: the forced server's log says {', '.join(k for k in want if want[k])} ({got}), no graph "
+          f"refused ({said[True]['graph refused']}); the plain "
           f"server's none ({[k for k, v in said[False].items() if v]})")
 
 

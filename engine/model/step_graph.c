@@ -1,0 +1,151 @@
+/* engine/model/step_graph.c - decode steps run from backend graphs (step_graph.h).
+ * Tests: tests/test_step_graph.c. */
+#include "step_graph.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct step_graph {
+    struct step_graph_key key;
+    struct backend_graph *g;
+    int                   seen;    /* steps of this key so far */
+    int                   refused; /* its recording failed: op by op from now on */
+    long                  used;    /* the clock when it last ran (the least recent is dropped) */
+};
+
+struct step_graphs {
+    int               on;
+    int               n;
+    long              clock;
+    struct step_graph e[STEP_GRAPHS_MAX];
+    struct model_graph_stats stats;
+};
+
+enum status step_graphs_setup(struct model *m)
+{
+    if (m->graphs) return STATUS_OK;
+    const char *v = getenv("SHARDLM_GRAPHS");
+    int on = m->b->device == DEVICE_CUDA;
+    if (v && *v) {
+        if (!strcmp(v, "0")) on = 0;
+        else if (!strcmp(v, "1")) on = 1;
+        else return status_errorf(STATUS_INVALID_ARGUMENT, "SHARDLM_GRAPHS=%s: expected 0 or 1", v);
+    }
+    m->graphs = calloc(1, sizeof *m->graphs);
+    if (!m->graphs) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+    m->graphs->on = on && !m->b->sync_check; /* a synchronize after every op cannot be recorded */
+    m->graphs->stats.on = m->graphs->on;
+    return STATUS_OK;
+}
+
+void step_graphs_drop(struct model *m)
+{
+    struct step_graphs *gs = m->graphs;
+    if (!gs) return;
+    for (int i = 0; i < gs->n; i++) backend_graph_free(m->b, gs->e[i].g), gs->e[i].g = NULL;
+    gs->n = 0;
+}
+
+void step_graphs_free(struct model *m)
+{
+    const struct model_graph_stats st = model_graph_stats(m);
+    if (st.captured || st.refused)
+        LOG_INFO("model", "step graphs: %ld captured, %ld steps replayed, %ld shapes refused", st.captured,
+                 st.replayed, st.refused);
+    step_graphs_drop(m);
+    free(m->graphs);
+    m->graphs = NULL;
+}
+
+struct model_graph_stats model_graph_stats(const struct model *m)
+{
+    return m->graphs ? m->graphs->stats : (struct model_graph_stats){0};
+}
+
+int step_graph_fits(struct model *m, const struct kv_cache *cache, const struct forward_batch *fb,
+                    struct attention_batch *ab, struct step_graph_key *key)
+{
+    if (!m->graphs || !m->graphs->on || !ab->decode_only || fb->n_logits <= 0) return 0;
+    if (m->tp_size != 1 || m->pp_size != 1 || m->ep_size > 1 || m->cfg.n_experts > 0) return 0;
+    if (fb->features || fb->hidden || fb->head || m->input_fc_emb.data) return 0;
+    for (int s = 0; s < fb->n_seqs; s++)
+        if ((fb->seq_row_path && fb->seq_row_path[s]) || (fb->seq_adapter && m->n_adapters > 0 && fb->seq_adapter[s] >= 0))
+            return 0;
+    ab->row_path = NULL; /* every mark 0: none (a host array a graph could not read) */
+    /* max_seq_len up to a power of two of blocks, within the table */
+    const int bt = cache->block_tokens;
+    int blocks = 1;
+    while (blocks * bt < ab->max_seq_len) blocks *= 2;
+    if (blocks > fb->max_blocks) blocks = fb->max_blocks;
+    ab->max_seq_len = blocks * bt;
+    *key = (struct step_graph_key){.pool = cache->k[0].data, .pool_blocks = cache->k[0].shape[0],
+                                   .n_seqs = fb->n_seqs, .n_logits = fb->n_logits,
+                                   .max_blocks = fb->max_blocks, .max_seq_len = ab->max_seq_len};
+    return 1;
+}
+
+static int same_key(const struct step_graph_key *a, const struct step_graph_key *b)
+{
+    return a->pool == b->pool && a->pool_blocks == b->pool_blocks && a->n_seqs == b->n_seqs &&
+           a->n_logits == b->n_logits && a->max_blocks == b->max_blocks && a->max_seq_len == b->max_seq_len;
+}
+
+/* The entry of key: found, else new (in the least recently used one's place when all are taken). */
+static struct step_graph *entry(struct model *m, const struct step_graph_key *key)
+{
+    struct step_graphs *gs = m->graphs;
+    for (int i = 0; i < gs->n; i++)
+        if (same_key(&gs->e[i].key, key)) return &gs->e[i];
+    struct step_graph *e = &gs->e[0];
+    if (gs->n < STEP_GRAPHS_MAX) e = &gs->e[gs->n++];
+    else {
+        for (int i = 1; i < gs->n; i++)
+            if (gs->e[i].used < e->used) e = &gs->e[i];
+        backend_graph_free(m->b, e->g);
+    }
+    *e = (struct step_graph){.key = *key};
+    return e;
+}
+
+enum status step_graph_run(struct model *m, const struct step_graph_key *key, enum status (*body)(void *ctx),
+                           void *ctx)
+{
+    struct step_graphs *gs = m->graphs;
+    struct step_graph *e = entry(m, key);
+    e->used = ++gs->clock;
+    if (e->g) {
+        if (backend_graph_launch(m->b, e->g) == STATUS_OK) {
+            gs->stats.replayed++;
+            return STATUS_OK;
+        }
+        LOG_DEBUG("model", "step graph (%d sequences): %s; recorded again", key->n_seqs, status_message());
+        backend_graph_free(m->b, e->g);
+        e->g = NULL;
+    }
+    /* The first step of a key runs op by op: the op scratch grows to what it needs, which a
+     * recording could not do. */
+    if (e->refused || e->seen++ == 0) return body(ctx);
+    enum status st = backend_graph_begin(m->b);
+    if (st == STATUS_OK) {
+        const enum status ops = body(ctx);
+        struct backend_graph *g = NULL;
+        st = backend_graph_end(m->b, &g);
+        if (ops != STATUS_OK) {
+            backend_graph_free(m->b, g);
+            return ops;
+        }
+        if (st == STATUS_OK && (st = backend_graph_launch(m->b, g)) == STATUS_OK) {
+            e->g = g;
+            if (gs->stats.captured++ == 0)
+                LOG_INFO("model", "decode steps run from graphs (the first: %d sequences, max_seq_len %d)",
+                         key->n_seqs, key->max_seq_len);
+            return STATUS_OK;
+        }
+        backend_graph_free(m->b, g);
+    }
+    LOG_WARN("model", "a decode step of %d sequences cannot run from a graph (%s): it runs op by op", key->n_seqs,
+             status_message());
+    e->refused = 1;
+    gs->stats.refused++;
+    return body(ctx);
+}

@@ -1,0 +1,43 @@
+/* engine/model/step_graph.h - decode steps run from backend graphs (ops.h backend_graph_*): the
+ * ops of a step, from the token embedding to the LM head, recorded once per shape and replayed
+ * in one launch (CUDA graphs: a decode step of a 1B model is ~200 kernels, each a few
+ * microseconds to launch, against under a millisecond of weight reads). Private to
+ * engine/model/.
+ * A graph replays every value passed by value as it was recorded, so a step takes one only when
+ * all of them are the same: one rank (tp = pp = ep = 1, no communication inside), a decode step
+ * (one new row per sequence), no adapter, no mixture of experts, no EAGLE features, hidden states
+ * or other head, no draft rows; and the key holds the rest: the KV pool, the sequences, the
+ * logits rows, the block table's width and max_seq_len, rounded up to a power of two in blocks
+ * (attention's split count; a bound above every seq_len is correct, only slower). A key is run
+ * op by op the first time it is seen (scratch areas grow to its needs), captured the second,
+ * replayed after that; at most STEP_GRAPHS_MAX are kept (the least recently used goes).
+ * Tests: tests/test_step_graph.c (the CPU backend's recording mirror against steps run op by
+ * op, bit for bit); on a GPU tools/gpu_check.sh. */
+#ifndef SHARDLM_STEP_GRAPH_H
+#define SHARDLM_STEP_GRAPH_H
+
+#include "model.h"
+
+#define STEP_GRAPHS_MAX 64
+
+struct step_graph_key {
+    const void *pool;        /* the cache's first K pool */
+    int64_t     pool_blocks; /* and its blocks */
+    int         n_seqs, n_logits, max_blocks, max_seq_len;
+};
+
+/* Reads SHARDLM_GRAPHS once (model_reserve): an unknown value is refused by name. */
+enum status step_graphs_setup(struct model *m);
+void        step_graphs_free(struct model *m); /* every graph, and the state */
+/* Drops every graph (the workspace moved); the state stays. */
+void        step_graphs_drop(struct model *m);
+/* 1 when the step may run from a graph (see above); then *key is its key, ab->max_seq_len its
+ * rounded bound and ab->row_path NULL (its marks are all 0). */
+int         step_graph_fits(struct model *m, const struct kv_cache *cache, const struct forward_batch *fb,
+                            struct attention_batch *ab, struct step_graph_key *key);
+/* Runs body(ctx) (the step's ops: nothing in it may upload, download or synchronize) for key: op
+ * by op, or recorded and replayed. Returns body's status. */
+enum status step_graph_run(struct model *m, const struct step_graph_key *key, enum status (*body)(void *ctx),
+                           void *ctx);
+
+#endif

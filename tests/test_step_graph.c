@@ -1,0 +1,248 @@
+/* tests/test_step_graph.c - decode steps run from backend graphs (engine/model/step_graph.c)
+ * against the same steps run op by op.
+ *   test_step_graph mirror                   the CPU backend's recording (kernels/cpu/graph.c):
+ *                                            recorded ops do not run, a launch runs them on the
+ *                                            data as it is then with the values recorded; what a
+ *                                            capture cannot hold (an upload, a synchronize) fails it.
+ *   test_step_graph [--device cuda] DIR...   each model twice on one backend, SHARDLM_GRAPHS=1 and
+ *                                            0: three sequences prefilled, then 60 decode steps
+ *                                            over changing sets of them (batch sizes 3, 2, 3, 1;
+ *                                            max_seq_len crossing its power-of-two buckets), each
+ *                                            step's logits compared: bit for bit on the CPU (the
+ *                                            replay calls the same kernels with the same values);
+ *                                            on CUDA within CUDA_TOL (a graph's attention runs the
+ *                                            split count of its rounded max_seq_len). The graphs
+ *                                            must have been captured and replayed, and never
+ *                                            refused; with --none, a model whose steps may not take
+ *                                            graphs (a mixture of experts) must take none.
+ * Prints one line per check and "N passed, M failed"; 77 (SKIP) without a GPU for cuda. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+#define CUDA_TOL  2e-2
+#define N_SEQS    3
+#define MAX_CTX   128
+#define BT        16
+#define W         (MAX_CTX / BT)
+#define N_STEPS   60
+
+static int n_pass, n_fail;
+
+static void check(int ok, const char *what, const char *detail)
+{
+    printf("%s %s%s%s\n", ok ? "PASS" : "FAIL", what, detail && *detail ? ": " : "", detail ? detail : "");
+    ok ? n_pass++ : n_fail++;
+}
+
+static int finish(void)
+{
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
+
+/* ---- the CPU recording mirror ------------------------------------------------------------ */
+
+static void upload_f32(struct backend *b, const struct tensor *t, const float *v)
+{
+    backend_upload(b, t->data, v, tensor_nbytes(t));
+}
+
+static int run_mirror(void)
+{
+    struct backend *b = NULL;
+    if (backend_open(DEVICE_CPU, 0, 1, &b) != STATUS_OK) {
+        check(0, "mirror: cpu backend", status_message());
+        return finish();
+    }
+    struct tensor a, c, out;
+    const int64_t shape[1] = {4};
+    CHECK(backend_alloc_tensor(b, &a, DTYPE_F32, 1, shape) == STATUS_OK &&
+              backend_alloc_tensor(b, &c, DTYPE_F32, 1, shape) == STATUS_OK &&
+              backend_alloc_tensor(b, &out, DTYPE_F32, 1, shape) == STATUS_OK,
+          "mirror: tensors");
+    const float va[4] = {1, 2, 3, 4}, vc[4] = {10, 20, 30, 40}, zero[4] = {0};
+    upload_f32(b, &a, va), upload_f32(b, &c, vc), upload_f32(b, &out, zero);
+
+    struct backend_graph *g = NULL;
+    enum status st = backend_graph_begin(b);
+    check(st == STATUS_OK, "mirror: begin", status_message());
+    op_add(b, &out, &a, &c);
+    op_scale(b, &out, &out, 0.5f);
+    st = backend_graph_end(b, &g);
+    check(st == STATUS_OK && g, "mirror: end", status_message());
+    float got[4];
+    backend_download(b, got, out.data, sizeof got);
+    check(!memcmp(got, zero, sizeof got), "mirror: recorded ops do not run", "");
+    st = backend_graph_launch(b, g);
+    backend_download(b, got, out.data, sizeof got);
+    check(st == STATUS_OK && got[0] == 5.5f && got[3] == 22.0f, "mirror: a launch runs them", "");
+    const float va2[4] = {-1, -2, -3, -4};
+    upload_f32(b, &a, va2); /* data changed after the recording: the next launch reads it */
+    (void)backend_graph_launch(b, g);
+    backend_download(b, got, out.data, sizeof got);
+    check(got[0] == 4.5f && got[3] == 18.0f, "mirror: a launch reads the data as it is then", "");
+    backend_graph_free(b, g);
+
+    /* What a capture cannot hold fails it, and nothing recorded runs. */
+    upload_f32(b, &out, zero);
+    const char *refused[] = {"upload", "synchronize"};
+    for (int k = 0; k < 2; k++) {
+        g = NULL;
+        (void)backend_graph_begin(b);
+        op_add(b, &out, &a, &c);
+        if (k == 0) upload_f32(b, &a, va);
+        else backend_synchronize(b);
+        st = backend_graph_end(b, &g);
+        char what[64];
+        snprintf(what, sizeof what, "mirror: a %s fails the recording", refused[k]);
+        check(st == STATUS_UNAVAILABLE && !g && strstr(status_message(), refused[k]), what, status_message());
+    }
+    backend_download(b, got, out.data, sizeof got);
+    check(!memcmp(got, zero, sizeof got), "mirror: a failed recording ran nothing", "");
+    float a_now[4];
+    backend_download(b, a_now, a.data, sizeof a_now);
+    check(!memcmp(a_now, va2, sizeof a_now), "mirror: the refused upload was not made", "");
+    backend_free(b, a.data), backend_free(b, c.data), backend_free(b, out.data);
+    backend_close(b);
+    return finish();
+}
+
+/* ---- decode steps with and without graphs ---------------------------------------------------- */
+
+struct side {
+    struct model   *m;
+    struct kv_cache cache;
+    int32_t         table[N_SEQS][W];
+};
+
+static enum status side_open(struct side *s, struct backend *b, const char *dir, const char *graphs)
+{
+    memset(s, 0, sizeof *s);
+    setenv("SHARDLM_GRAPHS", graphs, 1);
+    enum status st = model_load(dir, b, NULL, &s->m);
+    if (st == STATUS_OK) st = model_reserve(s->m, 64, N_SEQS, W, N_SEQS);
+    unsetenv("SHARDLM_GRAPHS");
+    if (st == STATUS_OK)
+        st = kv_cache_init(&s->cache, b, s->m->n_layers_local, N_SEQS * W, BT, s->m->n_kv_local, s->m->cfg.head_dim,
+                           s->m->dtype);
+    for (int q = 0; q < N_SEQS && st == STATUS_OK; q++) st = kv_cache_alloc(&s->cache, W, s->table[q]);
+    return st;
+}
+
+static void side_close(struct side *s)
+{
+    kv_cache_free(&s->cache);
+    model_free(s->m);
+}
+
+/* One step over the sequences in act (n of them), each bringing rows new tokens (prefill when
+ * rows > 1, then only act[0]); logits of each sequence's last row. */
+static enum status step(struct side *s, const int *act, int n, const int *len, const int32_t *tok, int rows,
+                        float *logits)
+{
+    int32_t pos[64], slots[64], q_start[N_SEQS + 1], seq_len[N_SEQS], table[N_SEQS * W], lrows[N_SEQS];
+    int T = 0;
+    q_start[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const int q = act[i];
+        for (int r = 0; r < rows; r++, T++) {
+            pos[T] = len[q] + r;
+            slots[T] = s->table[q][pos[T] / BT] * BT + pos[T] % BT;
+        }
+        q_start[i + 1] = T;
+        seq_len[i] = len[q] + rows;
+        memcpy(table + i * W, s->table[q], sizeof s->table[q]);
+        lrows[i] = T - 1;
+    }
+    const struct forward_batch fb = {.n_tokens = T, .tokens = tok, .positions = pos, .slots = slots, .n_seqs = n,
+                                     .q_start = q_start, .seq_len = seq_len, .block_table = table,
+                                     .max_blocks = W, .n_logits = n, .logit_rows = lrows};
+    return model_forward(s->m, &s->cache, &fb, logits);
+}
+
+static int argmax(const float *v, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+static void run_model(struct backend *b, const char *dir, int none)
+{
+    struct side g, e; /* graphs on, op by op */
+    enum status st = side_open(&g, b, dir, "1");
+    if (st == STATUS_OK) st = side_open(&e, b, dir, "0");
+    if (st != STATUS_OK) {
+        check(0, dir, status_message());
+        return;
+    }
+    const int V = g.m->cfg.vocab_size;
+    float *lg = malloc((size_t)N_SEQS * V * sizeof *lg), *le = malloc((size_t)N_SEQS * V * sizeof *le);
+    CHECK(lg && le, "test: out of memory");
+    const int prompt[N_SEQS] = {5, 17, 40};
+    int len[N_SEQS] = {0};
+    int32_t next[N_SEQS], tok[64];
+    uint32_t rng = 12345;
+    double worst = 0.0;
+    int same = 1;
+    for (int q = 0; q < N_SEQS && st == STATUS_OK; q++) { /* prefill: op by op on both sides */
+        for (int i = 0; i < prompt[q]; i++) rng = rng * 1664525u + 1013904223u, tok[i] = (int32_t)(rng >> 8) % V;
+        const int act[1] = {q};
+        st = step(&g, act, 1, len, tok, prompt[q], lg);
+        if (st == STATUS_OK) st = step(&e, act, 1, len, tok, prompt[q], le);
+        len[q] = prompt[q];
+        next[q] = argmax(le, V);
+    }
+    for (int k = 0; k < N_STEPS && st == STATUS_OK; k++) {
+        int act[N_SEQS], n = 0;
+        if (k < 20 || (k >= 30 && k < 45)) act[n++] = 0, act[n++] = 1, act[n++] = 2;
+        else if (k < 30) act[n++] = 0, act[n++] = 2;
+        else act[n++] = 1;
+        for (int i = 0; i < n; i++) tok[i] = next[act[i]];
+        st = step(&g, act, n, len, tok, 1, lg);
+        if (st == STATUS_OK) st = step(&e, act, n, len, tok, 1, le);
+        if (b->device == DEVICE_CPU) same = same && !memcmp(lg, le, (size_t)n * V * sizeof *lg);
+        for (size_t i = 0; i < (size_t)n * V; i++) worst = fmax(worst, fabs((double)lg[i] - le[i]));
+        for (int i = 0; i < n; i++) next[act[i]] = argmax(le + (size_t)i * V, V), len[act[i]]++;
+    }
+    char detail[256];
+    const struct model_graph_stats gs = model_graph_stats(g.m), es = model_graph_stats(e.m);
+    snprintf(detail, sizeof detail, "%s; max |diff| %.3g; captured %ld, replayed %ld, refused %ld", dir, worst,
+             gs.captured, gs.replayed, gs.refused);
+    check(st == STATUS_OK, "steps ran", st == STATUS_OK ? dir : status_message());
+    if (b->device == DEVICE_CPU) check(same && worst == 0.0, "logits with graphs are the bits without", detail);
+    else check(worst <= CUDA_TOL, "logits with graphs within CUDA_TOL of those without", detail);
+    if (none) check(gs.on && gs.captured == 0 && gs.replayed == 0 && gs.refused == 0, "no graph for this model", detail);
+    else check(gs.on && gs.captured >= 4 && gs.replayed >= 40 && gs.refused == 0, "graphs captured and replayed",
+               detail);
+    check(!es.on && es.captured == 0 && es.replayed == 0, "SHARDLM_GRAPHS=0 takes none", "");
+    free(lg), free(le);
+    side_close(&g), side_close(&e);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && !strcmp(argv[1], "mirror")) return run_mirror();
+    int i = 1, none = 0;
+    enum device dev = DEVICE_CPU;
+    if (i + 1 < argc && !strcmp(argv[i], "--device")) {
+        if (backend_parse_device(argv[i + 1], &dev) != STATUS_OK) return fprintf(stderr, "%s\n", status_message()), 2;
+        i += 2;
+    }
+    struct backend *b = NULL;
+    if (backend_open(dev, 0, 0, &b) != STATUS_OK) {
+        printf("SKIP: %s\n", status_message());
+        return 77;
+    }
+    for (; i < argc; i++) {
+        if (!strcmp(argv[i], "--none")) none = 1;
+        else run_model(b, argv[i], none), none = 0;
+    }
+    backend_close(b);
+    return finish();
+}
