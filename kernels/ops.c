@@ -413,7 +413,7 @@ static void check_rope_args(struct backend *b, const struct tensor *x, const str
           "rope: x %s must be (n, n_heads, head_dim), positions %s", DESC(x), DESC(positions));
     CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= x->shape[2], "rope: rot_dim %d, head_dim %lld",
           rot_dim, (long long)x->shape[2]);
-    check_rope(b, rp, rot_dim);
+    check_rope(rp, rot_dim);
     CHECK(style == ROPE_STYLE_PAIRS || style == ROPE_STYLE_HALVES, "rope style %d", (int)style);
 }
 

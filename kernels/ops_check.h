@@ -43,9 +43,8 @@ static inline void check_vector(const struct tensor *t, int64_t n, enum dtype dt
           dtype_name(dtype), (long long)n, DESC(t));
 }
 
-static inline void check_rope(struct backend *b, const struct rope_params *rp, int rot_dim)
+static inline void check_rope(const struct rope_params *rp, int rot_dim)
 {
-    (void)b;
     CHECK(rp && rp->freqs && rp->attn_factor > 0.0f, "rope: frequencies %s, attn_factor %g",
           rp && rp->freqs ? "given" : "missing", rp ? (double)rp->attn_factor : 0.0);
     CHECK(rot_dim / 2 <= ROPE_MAX_PAIRS, "rope: rot_dim %d, at most %d", rot_dim, 2 * ROPE_MAX_PAIRS);

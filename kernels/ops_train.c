@@ -267,7 +267,7 @@ void op_rope_backward(struct backend *b, const struct tensor *dx, const struct t
           DESC(positions));
     CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= dx->shape[2],
           "rope_backward: rot_dim %d, head_dim %lld", rot_dim, (long long)dx->shape[2]);
-    check_rope(b, rp, rot_dim);
+    check_rope(rp, rot_dim);
     CHECK(style == ROPE_STYLE_PAIRS || style == ROPE_STYLE_HALVES, "rope style %d", (int)style);
     b->ops->rope_backward(b, dx, positions, rot_dim, rp, style);
     after_op(b);

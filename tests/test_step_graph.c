@@ -15,6 +15,7 @@
  *                                            must have been captured and replayed, and never
  *                                            refused; with --none, a model whose steps may not take
  *                                            graphs (a mixture of experts) must take none.
+ * With models, model_reserve must also refuse SHARDLM_GRAPHS=yes by name.
  * Prints one line per check and "N passed, M failed"; 77 (SKIP) without a GPU for cuda. */
 #include <math.h>
 #include <stdio.h>
@@ -225,6 +226,19 @@ static void run_model(struct backend *b, const char *dir, int none)
     side_close(&g), side_close(&e);
 }
 
+/* SHARDLM_GRAPHS other than 0 or 1 is refused by name. */
+static void check_env_refused(struct backend *b, const char *dir)
+{
+    struct model *m = NULL;
+    if (model_load(dir, b, NULL, &m) != STATUS_OK) return check(0, dir, status_message());
+    setenv("SHARDLM_GRAPHS", "yes", 1);
+    const enum status st = model_reserve(m, 8, 1, W, 1);
+    unsetenv("SHARDLM_GRAPHS");
+    check(st == STATUS_INVALID_ARGUMENT && strstr(status_message(), "SHARDLM_GRAPHS=yes"), "SHARDLM_GRAPHS=yes refused",
+          status_message());
+    model_free(m);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "mirror")) return run_mirror();
@@ -239,6 +253,7 @@ int main(int argc, char **argv)
         printf("SKIP: %s\n", status_message());
         return 77;
     }
+    if (i < argc) check_env_refused(b, argv[i]);
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--none")) none = 1;
         else run_model(b, argv[i], none), none = 0;

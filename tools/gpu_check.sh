@@ -175,6 +175,9 @@ run_bench() {
   if [ -f "$m/config.json" ]; then
     step "bench_engine llama1b cuda" 150 "$log" "$B/build/tests/bench_engine" --device cuda --model "$m" \
       --concurrency 1,16,64 --prompt 32 --tokens 64 ${bw:+--bandwidth-gbs "$bw"}
+    echo "decode steps op by op, without graphs (SHARDLM_GRAPHS=0):" >> "$log"
+    step "bench_engine llama1b cuda, no graphs" 60 "$log" env SHARDLM_GRAPHS=0 \
+      "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1,16,64 --prompt 32 --tokens 64
     echo "decode products through cuBLAS, not the gemv kernel (SHARDLM_CUDA_GEMV_ROWS=0):" >> "$log"
     step "bench_engine llama1b cuda, cuBLAS gemv" 60 "$log" env SHARDLM_CUDA_GEMV_ROWS=0 \
       "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1,16 --prompt 32 --tokens 64

@@ -118,30 +118,30 @@ void cpu_logit_draw(struct backend *b, const struct tensor *ids, const struct te
     const float *t = temp->data, *uu = u->data, *tp = top_p ? top_p->data : NULL;
     int32_t *id = ids->data;
     float *mg = margin->data;
-    const size_t per = 3 * (size_t)v; /* (a nucleus row's candidates: three words each) */
-    int nucleus = 0;
-    for (int64_t i = 0; i < n && tp; i++) nucleus |= t[i] > 0.0f && tp[i] < 1.0f;
-    float *scratch = nucleus ? cpu_scratch(b, per) : NULL;
+    const size_t per = 3 * (size_t)v; /* a nucleus row's candidates, three words each; a plain row's weights */
+    int drawn = 0;
+    for (int64_t i = 0; i < n; i++) drawn |= t[i] > 0.0f;
+    float *scratch = drawn ? cpu_scratch(b, per) : NULL;
     #pragma omp parallel for schedule(static) if (n * v > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i++) {
         id[i] = -1, mg[i] = 0.0f;
         if (!(t[i] > 0.0f)) continue;
         const size_t row = (size_t)(i * v);
+        float *mine = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per);
         if (tp && tp[i] < 1.0f) {
-            struct nucleus_cand *c = (struct nucleus_cand *)(scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per));
-            nucleus_draw(x, row, v, t[i], tp[i], uu[i], c, id + i, mg + i);
+            nucleus_draw(x, row, v, t[i], tp[i], uu[i], (struct nucleus_cand *)mine, id + i, mg + i);
             continue;
         }
         const float m = row_max(x, row, v);
+        float *w = mine; /* each weight formed once, for the total and the walk */
         double total = 0.0;
-        for (int64_t j = 0; j < v; j++) total += draw_weight(x, row + (size_t)j, m, t[i]);
+        for (int64_t j = 0; j < v; j++) total += w[j] = draw_weight(x, row + (size_t)j, m, t[i]);
         const double target = (double)uu[i] * total;
         double acc = 0.0;
         for (int64_t j = 0; j < v; j++) {
-            const float w = draw_weight(x, row + (size_t)j, m, t[i]);
-            if (w == 0.0f) continue;
+            if (w[j] == 0.0f) continue;
             const double before = acc;
-            acc += w;
+            acc += w[j];
             if (target < acc) {
                 const double lo = target - before, hi = acc - target;
                 id[i] = (int32_t)j, mg[i] = (float)((lo < hi ? lo : hi) / total);
