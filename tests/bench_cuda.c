@@ -6,6 +6,8 @@
  *     16; 1, 8 and 32 sequences of 4096 tokens, one new row each) in GB/s of K and V read, and
  *     that over the copy bandwidth, for both kernels (SHARDLM_CUDA_ATTENTION=simple and
  *     =split, one backend opened under each);
+ *   - op_attention prefill (the same heads; 1 sequence of 2048 new rows, 8 of 256) in TFLOP/s of
+ *     its causal products, the simple kernel against the tensor-core one (=tc);
  *   - op_matmul bf16 at m = 1, 4, 8 (the gemv kernel and cuBLAS) and 64 on the Llama-3.2-1B
  *     decode products (q/o, k/v, gate/up, down, the LM head), in GB/s
  *     of weights and TFLOP/s.
@@ -39,7 +41,7 @@
 #define ROTATE_BYTES (256 * MIB) /* distinct bytes successive calls cycle through, at least */
 
 struct bench {
-    struct backend *simple, *split; /* the same device, one backend per attention kernel */
+    struct backend *simple, *split, *tc; /* the same device, one backend per attention kernel */
     int             quick;
     const char     *filter;
     int             reps;       /* timed runs per figure; the best counts */
@@ -179,6 +181,13 @@ static void attention_call(void *ctx, int i)
                                     DEVICE_CUDA, 2, (int64_t)c->n_seqs,
                                     (int64_t)ATT_BLOCKS_PER_SEQ);
     op_attention(c->b, &c->out, &c->q, &c->k_cache, &c->v_cache, &batch);
+}
+
+static void prefill_call(void *ctx, int i)
+{
+    struct attention_ctx *c = ctx;
+    (void)i;
+    op_attention(c->b, &c->out, &c->q, &c->k_cache, &c->v_cache, &c->batch);
 }
 
 static void bench_attention(struct bench *bn)
@@ -345,6 +354,66 @@ static void bench_matmul(struct bench *bn)
     }
 }
 
+/* ---- prefill attention --------------------------------------------------------------------- */
+
+/* A fresh prefill of n sequences of `rows` tokens each (bf16, the decode case's heads), causal:
+ * the simple kernel and the tensor-core one (SHARDLM_CUDA_ATTENTION=simple and =tc), in TFLOP/s
+ * of the causal products (2 x 2 x head_dim per query head and attended key). Compute-bound: the
+ * K and V of a case (at most 8 MiB) are not rotated. */
+static void bench_prefill(struct bench *bn)
+{
+    static const int cases[][2] = {{1, 2048}, {8, 256}}; /* sequences, rows each */
+    struct backend *b = bn->tc;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int n = cases[ci][0], rows = cases[ci][1], nb = rows / ATT_BLOCK_TOKENS;
+        const int64_t total = (int64_t)n * rows, n_blocks = (int64_t)n * nb;
+        const size_t pool_bytes = (size_t)n_blocks * ATT_BLOCK_TOKENS * ATT_KV_HEADS * ATT_HEAD_DIM * 2;
+        const size_t q_bytes = (size_t)total * ATT_HEADS * ATT_HEAD_DIM * 2;
+        void *k = bench_dev_alloc(b, pool_bytes), *v = bench_dev_alloc(b, pool_bytes);
+        void *q = bench_dev_alloc(b, q_bytes), *out = bench_dev_alloc(b, q_bytes);
+        bench_dev_fill_bf16(b, k, pool_bytes, 5);
+        bench_dev_fill_bf16(b, v, pool_bytes, 6);
+        bench_dev_fill_bf16(b, q, q_bytes, 7);
+        int32_t *h = malloc(sizeof(int32_t) * (size_t)(2 * n + 1 + n_blocks));
+        CHECK(h, "out of host memory");
+        for (int i = 0; i <= n; i++) h[i] = i * rows;                 /* q_start */
+        for (int i = 0; i < n; i++) h[n + 1 + i] = rows;              /* seq_len */
+        for (int64_t i = 0; i < n_blocks; i++) h[2 * n + 1 + i] = (int32_t)i; /* tables */
+        int32_t *idx = bench_dev_alloc(b, sizeof(int32_t) * (size_t)(2 * n + 1 + n_blocks));
+        backend_upload(b, idx, h, sizeof(int32_t) * (size_t)(2 * n + 1 + n_blocks));
+        backend_synchronize(b);
+        for (int mode = 0; mode < 2; mode++) {
+            char name[96];
+            snprintf(name, sizeof name, "attention prefill %s %d x %d", mode ? "tc" : "simple", n, rows);
+            if (!bench_selected(bn, name)) continue;
+            struct attention_ctx c = {
+                .b = mode ? bn->tc : bn->simple,
+                .q = tensor_make(q, DTYPE_BF16, DEVICE_CUDA, 3, total, (int64_t)ATT_HEADS, (int64_t)ATT_HEAD_DIM),
+                .out = tensor_make(out, DTYPE_BF16, DEVICE_CUDA, 3, total, (int64_t)ATT_HEADS, (int64_t)ATT_HEAD_DIM),
+                .k_cache = tensor_make(k, DTYPE_BF16, DEVICE_CUDA, 4, n_blocks, (int64_t)ATT_BLOCK_TOKENS,
+                                       (int64_t)ATT_KV_HEADS, (int64_t)ATT_HEAD_DIM),
+                .v_cache = tensor_make(v, DTYPE_BF16, DEVICE_CUDA, 4, n_blocks, (int64_t)ATT_BLOCK_TOKENS,
+                                       (int64_t)ATT_KV_HEADS, (int64_t)ATT_HEAD_DIM),
+                .n_seqs = n,
+                .batch = {
+                    .n_seqs = n,
+                    .block_tokens = ATT_BLOCK_TOKENS,
+                    .max_blocks = nb,
+                    .q_start = tensor_make(idx, DTYPE_I32, DEVICE_CUDA, 1, (int64_t)n + 1),
+                    .seq_len = tensor_make(idx + n + 1, DTYPE_I32, DEVICE_CUDA, 1, (int64_t)n),
+                    .block_table = tensor_make(idx + 2 * n + 1, DTYPE_I32, DEVICE_CUDA, 2, (int64_t)n, (int64_t)nb),
+                    .scale = 1.0f / sqrtf((float)ATT_HEAD_DIM),
+                },
+            };
+            const double t = bench_time_calls(bn, c.b, prefill_call, &c);
+            const double flops = 4.0 * ATT_HEAD_DIM * ATT_HEADS * (double)n * rows * (rows + 1) / 2.0;
+            printf("%-34s %8.1f us   %7.1f TFLOP/s (causal products)\n", name, t * 1e6, flops / t * 1e-12);
+        }
+        free(h);
+        backend_free(b, idx), backend_free(b, q), backend_free(b, out), backend_free(b, k), backend_free(b, v);
+    }
+}
+
 /* ---- main --------------------------------------------------------------------------------- */
 
 /* Opens the CUDA backend with SHARDLM_CUDA_ATTENTION=mode (read once, at open); cublas_only:
@@ -377,10 +446,11 @@ int main(int argc, char **argv)
     bn.run_time_s = bn.quick ? 0.02 : 0.1;
     /* The simple-attention backend also runs every product through cuBLAS (the matmul rows
      * named cuBLAS); the split one is the default otherwise. */
-    if (bench_open("simple", 1, &bn.simple) != STATUS_OK ||
-        bench_open("split", 0, &bn.split) != STATUS_OK) {
+    if (bench_open("simple", 1, &bn.simple) != STATUS_OK || bench_open("split", 0, &bn.split) != STATUS_OK ||
+        bench_open("tc", 0, &bn.tc) != STATUS_OK) {
         printf("SKIP: no CUDA device (%s)\n", status_message());
         backend_close(bn.simple);
+        backend_close(bn.split);
         return 77;
     }
     struct cudaDeviceProp prop;
@@ -391,9 +461,11 @@ int main(int argc, char **argv)
 
     bench_copy(&bn); /* always: the other figures are given against it */
     bench_attention(&bn);
+    bench_prefill(&bn);
     bench_matmul(&bn);
 
     backend_close(bn.simple);
     backend_close(bn.split);
+    backend_close(bn.tc);
     return 0;
 }

@@ -18,7 +18,11 @@
  * in attention_kernel's merge of its warps, in the split-K kernel's merge when it has one split
  * (it writes the output itself), otherwise in the combine kernel; never in a partial, which
  * would count the sink once per split.
- * Not here: writing the cache (kv_write.cu); a tensor-core prefill kernel (none yet).
+ * A third, for prefill chunks and mixed batches where it fits (16-bit, head_dim 32, 64 or 128):
+ * the tensor-core forward of the training attention reading K and V through the block table
+ * (cuda_attention_prefill_tc, attention_train_tc.cu; SHARDLM_CUDA_ATTENTION=tc forces it on decode
+ * batches too). Written 2026-12-07, NOT yet run on a GPU.
+ * Not here: writing the cache (kv_write.cu).
  * Tests: tests/test_ops.c --backend cuda (prefill, decode, mixed batches, GQA, windows, block
  * sizes that do not divide the length, head_dim up to 256; "split decode" cases for the
  * split-K kernel; "sinks" cases for attention sinks, decode ones with one split and several;
@@ -26,6 +30,7 @@
  * tests/bench_cuda.c (both kernels against the device's copy bandwidth). */
 #include <limits.h>
 
+#include "attention_train.cuh"
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
@@ -563,6 +568,11 @@ void cuda_attention(struct backend *b, const struct tensor *out, const struct te
                             attention_decode_split_k<T>(b, s, out, q, k_cache, v_cache, batch));
         return;
     }
+    /* Prefill chunks and mixed batches on the tensor cores where they fit (16-bit, head_dim 32,
+     * 64 or 128): the training forward's tiles, keys read through the block table. */
+    const int want_tc = s->attention_mode == CUDA_ATTENTION_TC ||
+                        (s->attention_mode == CUDA_ATTENTION_AUTO && !batch->decode_only);
+    if (want_tc && cuda_attention_prefill_tc(b, out, q, k_cache, v_cache, batch)) return;
     CUDA_DISPATCH_FLOAT(q->dtype, T,
         attention_kernel<T><<<cuda_blocks_for(n * n_heads, 1), ATTENTION_THREADS, 0,
                               s->stream>>>(

@@ -55,6 +55,14 @@ int  cuda_attention_train_tc_fits(const struct cuda_state *s, const struct tenso
 void cuda_attention_train_tc(struct backend *b, const struct tensor *out, const struct tensor *lse,
                              const struct tensor *q, const struct tensor *k, const struct tensor *v,
                              const struct attention_train_batch *batch);
+/* Serving's prefill on the same tensor-core forward (op_attention of a batch that is not
+ * decode-only: each sequence's new rows tiled on their own, K and V read through the block
+ * table), where it fits: bf16 or f16, head_dim 32, 64 or 128, 16-byte aligned. Returns 1 when it
+ * ran, 0 (nothing queued) when the caller must take another kernel. */
+struct attention_batch;
+int  cuda_attention_prefill_tc(struct backend *b, const struct tensor *out, const struct tensor *q,
+                               const struct tensor *k_cache, const struct tensor *v_cache,
+                               const struct attention_batch *batch);
 void cuda_attention_train_tc_backward(struct backend *b, const struct tensor *dq, const struct tensor *dk,
                                       const struct tensor *dv, const struct tensor *dout, const struct tensor *out,
                                       const struct tensor *lse, const struct tensor *q, const struct tensor *k,

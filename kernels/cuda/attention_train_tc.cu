@@ -20,13 +20,19 @@
  * - dk, dv: one block per 64 keys of a KV head, over every query head of its group and every
  *   query tile that attends to them: S^T = k q^T, dP^T = v dout^T; dv += P^T dout, dk += dS^T q,
  *   summed in f32 fragments over the group and rounded once.
+ * - serving's prefill (cuda_attention_prefill_tc, op_attention of a batch that is not decode-only):
+ *   the same forward (tc_forward_rows) with its keys read through the block table of the paged
+ *   cache (tc_paged_keys), each sequence's new rows tiled on their own, no lse stored. Written
+ *   2026-12-07, not yet run on a GPU (the training forward it shares has).
  * No atomics: the results are the same on every run. Keys outside a row's reach enter the
  * products with weight 0 (not skipped, unlike the CUDA-core kernels): training activations are
  * finite, and a non-finite loss is caught by the trainer's check.
- * Tests: tests/test_attention_train.c --backend cuda with SHARDLM_CUDA_TRAIN_ATTENTION=tc. */
+ * Tests: tests/test_attention_train.c --backend cuda with SHARDLM_CUDA_TRAIN_ATTENTION=tc; the prefill:
+ * tests/test_ops.c --backend cuda --filter attention (ctest ops_cuda, ops_cuda_attention_tc). */
 #include <limits.h>
 #include <mma.h>
 
+#include "attention_prefill.cuh"
 #include "attention_train.cuh"
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
@@ -127,11 +133,59 @@ static size_t tc_forward_smem(int hd)
     return 3 * TC_TILE * ld * sizeof(T) + TC_WARPS * 16 * (TC_SLD * sizeof(float) + TC_PLD * sizeof(T));
 }
 
-template <typename T, int HD>
-static __global__ void __launch_bounds__(TC_THREADS)
-tc_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v, const int32_t *doc_start, int n_docs,
-                  int64_t n, int n_heads, int n_kv_heads, float scale, int window, float softcap, int bidirectional,
-                  const float *sinks)
+/* Where a forward block's keys come from. The training form: k and v hold the packed rows of q
+ * themselves, doc_start's documents, causal or bidirectional. */
+struct tc_packed_keys {
+    const int32_t *doc_start;
+    int            n_docs, window, bidirectional, n_kv_heads;
+    int64_t        n;
+    /* [lo, hi): the keys row attends to */
+    __device__ void reach(int64_t row, int64_t &lo, int64_t &hi) const
+    {
+        lo = train_first_key(doc_start, n_docs, n, row, window);
+        hi = bidirectional ? train_key_end(doc_start, n_docs, n, row, 0) : row + 1;
+    }
+    /* [kbeg, kend): the keys rows r0 .. r1 - 1 attend to, together */
+    __device__ void span(int64_t r0, int64_t r1, int64_t &kbeg, int64_t &kend) const
+    {
+        kbeg = train_first_key(doc_start, n_docs, n, r0, window);
+        kend = bidirectional ? train_key_end(doc_start, n_docs, n, r1 - 1, 0) : r1;
+    }
+    /* keys k0 .. of KV head kvh of x into dst, as tc_load_tile */
+    template <typename T, int HD>
+    __device__ void load(T *dst, int ld, const T *x, int64_t k0, int64_t count, int kvh) const
+    {
+        tc_load_tile<T, HD>(dst, ld, x, k0, count, n_kv_heads, kvh);
+    }
+};
+
+/* Serving's prefill: tc_paged_keys (attention_prefill.cuh) and the load of a tile through it. */
+struct tc_paged_source : tc_paged_keys {
+    /* keys k0 .. k0 + min(count, TC_TILE) - 1 of KV head kvh of the cache (n_blocks, bt,
+     * n_kv_heads, HD) into dst (TC_TILE rows of stride ld), 16-byte vectors; rows past count zero */
+    template <typename T, int HD>
+    __device__ void load(T *dst, int ld, const T *cache, int64_t k0, int64_t count, int kvh) const
+    {
+        constexpr int VPR = HD / 8;
+        for (int e = threadIdx.x; e < TC_TILE * VPR; e += blockDim.x) {
+            const int r = e / VPR, c = e % VPR;
+            uint4 val = make_uint4(0, 0, 0, 0);
+            if (r < count) {
+                const int64_t at = cache_row(k0 + r);
+                DEVICE_CHECK(at >= 0);
+                val = __ldg(reinterpret_cast<const uint4 *>(cache + (at * n_kv_heads + kvh) * HD) + c);
+            }
+            *reinterpret_cast<uint4 *>(dst + r * ld + c * 8) = val;
+        }
+    }
+};
+
+/* The forward of query rows r0 .. r1 - 1 (at most TC_TILE) of head blockIdx.y, their keys from
+ * `keys` (k and v as it reads them); lse nullptr: not stored. */
+template <typename T, int HD, class Keys>
+__device__ __forceinline__ void tc_forward_rows(T *out, float *lse, const T *q, const T *k, const T *v, int64_t r0,
+                                                int64_t r1, int n_heads, int n_kv_heads, float scale, float softcap,
+                                                const float *sinks, const Keys &keys)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     constexpr int LD = HD + 8;
@@ -142,24 +196,19 @@ tc_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v, const 
     float *S = Sall + warp * 16 * TC_SLD;
     T *P = Pall + warp * 16 * TC_PLD;
     const int h = blockIdx.y, kvh = h / (n_heads / n_kv_heads);
-    const int64_t r0 = (int64_t)blockIdx.x * TC_TILE, r1 = r0 + TC_TILE < n ? r0 + TC_TILE : n;
     const int64_t row = r0 + warp * 16 + rr;
     const bool live = row < r1;
     int64_t lo = 0, hi = 0; /* the keys row attends to: [lo, hi) */
-    if (live) {
-        lo = train_first_key(doc_start, n_docs, n, row, window);
-        hi = bidirectional ? train_key_end(doc_start, n_docs, n, row, 0) : row + 1;
-    }
-    const int64_t kbeg = train_first_key(doc_start, n_docs, n, r0, window);
-    const int64_t kend = bidirectional ? train_key_end(doc_start, n_docs, n, r1 - 1, 0) : r1;
+    if (live) keys.reach(row, lo, hi);
+    int64_t kbeg, kend;
+    keys.span(r0, r1, kbeg, kend);
     tc_load_tile<T, HD>(Qs, LD, q, r0, r1 - r0, n_heads, h);
-
     /* Pass 1: each row's max m and sum l of e^(z - m) (a sink starts it as one more score). A
      * NaN score poisons the row, as in the CUDA-core kernels. */
     float m = sinks ? sinks[h] : -INFINITY, l = sinks ? 1.0f : 0.0f;
     for (int64_t k0 = kbeg; k0 < kend; k0 += TC_TILE) {
         __syncthreads(); /* the previous tile is consumed */
-        tc_load_tile<T, HD>(Ks, LD, k, k0, kend - k0, n_kv_heads, kvh);
+        keys.template load<T, HD>(Ks, LD, k, k0, kend - k0, kvh);
         __syncthreads();
         tc_scores<T, HD>(S, Qs + warp * 16 * LD, Ks, LD);
         __syncwarp();
@@ -186,7 +235,7 @@ tc_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v, const 
         }
     }
     const float L = m + logf(l);
-    if (live && c0 == 0) lse[row * n_heads + h] = L;
+    if (lse && live && c0 == 0) lse[row * n_heads + h] = L;
 
     /* Pass 2: out = sum_j e^(z_j - lse) v_j, accumulated by the tensor cores. */
     frag_acc acc[HD / 16];
@@ -194,8 +243,8 @@ tc_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v, const 
     for (int t = 0; t < HD / 16; t++) wmma::fill_fragment(acc[t], 0.0f);
     for (int64_t k0 = kbeg; k0 < kend; k0 += TC_TILE) {
         __syncthreads();
-        tc_load_tile<T, HD>(Ks, LD, k, k0, kend - k0, n_kv_heads, kvh);
-        tc_load_tile<T, HD>(Vs, LD, v, k0, kend - k0, n_kv_heads, kvh);
+        keys.template load<T, HD>(Ks, LD, k, k0, kend - k0, kvh);
+        keys.template load<T, HD>(Vs, LD, v, k0, kend - k0, kvh);
         __syncthreads();
         tc_scores<T, HD>(S, Qs + warp * 16 * LD, Ks, LD);
         __syncwarp();
@@ -210,6 +259,42 @@ tc_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v, const 
     __syncthreads(); /* Ks and Vs are free: their space holds the warps' f32 results */
     tc_store_rows<T, HD>(out, reinterpret_cast<float *>(Ks) + warp * 16 * (HD + 4), acc, r0 + warp * 16, r1,
                          n_heads, h);
+}
+
+
+template <typename T, int HD>
+static __global__ void __launch_bounds__(TC_THREADS)
+tc_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v, const int32_t *doc_start, int n_docs,
+                  int64_t n, int n_heads, int n_kv_heads, float scale, int window, float softcap, int bidirectional,
+                  const float *sinks)
+{
+    const int64_t r0 = (int64_t)blockIdx.x * TC_TILE, r1 = r0 + TC_TILE < n ? r0 + TC_TILE : n;
+    const tc_packed_keys keys = {doc_start, n_docs, window, bidirectional, n_kv_heads, n};
+    tc_forward_rows<T, HD>(out, lse, q, k, v, r0, r1, n_heads, n_kv_heads, scale, softcap, sinks, keys);
+}
+
+/* Serving's prefill (op_attention of a batch that is not decode-only): block (x, h) takes query
+ * tile x of the sequences' new rows, each sequence's rows tiled on their own (a sequence of one
+ * new row fills one row of its tile), head h; the grid's x bounds the tiles (rows / TC_TILE +
+ * n_seqs), and blocks past the last tile return. */
+template <typename T, int HD>
+static __global__ void __launch_bounds__(TC_THREADS)
+tc_prefill_kernel(T *out, const T *q, const T *k_cache, const T *v_cache, const int32_t *q_start,
+                  const int32_t *seq_len, const int32_t *block_table, int n_seqs, int max_blocks, int bt,
+                  int64_t n_blocks, int64_t n, int n_heads, int n_kv_heads, float scale, int window, float softcap,
+                  const float *sinks)
+{
+    DEVICE_CHECK(q_start[0] == 0 && q_start[n_seqs] == n);
+    int s;
+    int64_t r0, r1;
+    if (!prefill_tile(q_start, n_seqs, blockIdx.x, TC_TILE, &s, &r0, &r1)) return; /* block-uniform */
+    const int64_t n_new = q_start[s + 1] - q_start[s];
+    DEVICE_CHECK(n_new >= 0 && seq_len[s] >= n_new && seq_len[s] <= (int64_t)max_blocks * bt);
+    tc_paged_source keys;
+    keys.table = block_table + (int64_t)s * max_blocks, keys.q0 = q_start[s], keys.pos0 = seq_len[s] - n_new;
+    keys.n_blocks = n_blocks, keys.bt = bt, keys.window = window, keys.n_kv_heads = n_kv_heads;
+    tc_forward_rows<T, HD>(out, (float *)nullptr, q, k_cache, v_cache, r0, r1, n_heads, n_kv_heads, scale, softcap,
+                           sinks, keys);
 }
 
 /* delta[i * n_heads + h] = dout[i, h, :] . out[i, h, :] in f32: one warp per (row, head). */
@@ -429,6 +514,34 @@ void cuda_attention_train_tc(struct backend *b, const struct tensor *out, const 
     } while (0)
     TC_DISPATCH(q->dtype, hd, TC_FORWARD);
 #undef TC_FORWARD
+}
+
+int cuda_attention_prefill_tc(struct backend *b, const struct tensor *out, const struct tensor *q,
+                              const struct tensor *k_cache, const struct tensor *v_cache,
+                              const struct attention_batch *batch)
+{
+    const int64_t n = q->shape[0], n_heads = q->shape[1], hd = q->shape[2];
+    if (q->dtype == DTYPE_F32 || !(hd == 32 || hd == 64 || hd == 128) || !tc_aligned(out) || !tc_aligned(q) ||
+        !tc_aligned(k_cache) || !tc_aligned(v_cache))
+        return 0;
+    struct cuda_state *s = cuda_state_enter(b);
+    const dim3 grid((unsigned)((n + TC_TILE - 1) / TC_TILE + batch->n_seqs), (unsigned)n_heads);
+#define TC_PREFILL(T, HD)                                                                          \
+    do {                                                                                           \
+        const size_t smem = tc_forward_smem<T>(HD);                                                \
+        CUDA_CHECK(cudaFuncSetAttribute(tc_prefill_kernel<T, HD>,                                  \
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));  \
+        tc_prefill_kernel<T, HD><<<grid, TC_THREADS, smem, s->stream>>>(                           \
+            (T *)out->data, (const T *)q->data, (const T *)k_cache->data, (const T *)v_cache->data, \
+            (const int32_t *)batch->q_start.data, (const int32_t *)batch->seq_len.data,            \
+            (const int32_t *)batch->block_table.data, batch->n_seqs, batch->max_blocks,            \
+            batch->block_tokens, k_cache->shape[0], n, (int)n_heads, (int)k_cache->shape[2],       \
+            batch->scale, batch->window, batch->softcap, (const float *)batch->sinks.data);        \
+        LAUNCH_CHECK();                                                                            \
+    } while (0)
+    TC_DISPATCH(q->dtype, hd, TC_PREFILL);
+#undef TC_PREFILL
+    return 1;
 }
 
 void cuda_attention_train_tc_backward(struct backend *b, const struct tensor *dq, const struct tensor *dk,

@@ -313,9 +313,10 @@ static enum status cuda_attention_mode_from_env(enum cuda_attention_mode *mode)
     if (!v || !*v || !strcmp(v, "auto")) return STATUS_OK;
     if (!strcmp(v, "simple")) *mode = CUDA_ATTENTION_SIMPLE;
     else if (!strcmp(v, "split")) *mode = CUDA_ATTENTION_SPLIT;
+    else if (!strcmp(v, "tc")) *mode = CUDA_ATTENTION_TC;
     else
         return status_errorf(STATUS_INVALID_ARGUMENT,
-                             "SHARDLM_CUDA_ATTENTION=%s: expected auto, simple or split", v);
+                             "SHARDLM_CUDA_ATTENTION=%s: expected auto, simple, split or tc", v);
     return STATUS_OK;
 }
 

@@ -44,8 +44,10 @@
 
 /* Which kernel op_attention uses (attention.cu), read once at backend open from the
  * environment variable SHARDLM_CUDA_ATTENTION: unset or "auto", the split-K decode kernel for
- * decode batches (attention_batch.decode_only) and the simple kernel otherwise; "simple", always
- * the simple kernel; "split", the split-K kernel wherever its shape limits allow (any batch). */
+ * decode batches (attention_batch.decode_only) and the tensor-core prefill kernel
+ * (attention_train_tc.cu) for the others where it fits, else the simple kernel; "simple", always
+ * the simple kernel; "split", the split-K kernel wherever its shape limits allow (any batch);
+ * "tc", the tensor-core kernel wherever it fits (decode batches too). */
 #define CUDA_SPLIT_WAVES_DEFAULT 4
 #define CUDA_SPLIT_MIN_CHUNK_DEFAULT 128
 /* Products with at most gemv_rows rows of x in a 16-bit dtype take matmul.cu's own kernel (one
@@ -64,6 +66,7 @@ enum cuda_attention_mode {
     CUDA_ATTENTION_AUTO,
     CUDA_ATTENTION_SIMPLE,
     CUDA_ATTENTION_SPLIT,
+    CUDA_ATTENTION_TC,
 };
 
 /* The backend's private state (struct backend.impl). One stream per backend: every op and
