@@ -27,6 +27,7 @@
  *                                ggml blocks) against the f32 conversion DIR: logits of the
  *                                golden prompts and 32 greedy tokens each, teacher-forced,
  *                                within GGUF_LOGIT_TOL; the greedy texts; tp slices of blocks.
+ *   test_model step-graph ...    decode steps from backend graphs (tests/test_step_graph.c).
  *   test_model --tp T --pp P hf|stories ...  the same checks under mpirun with T x P ranks:
  *                                logits are checked on the last stage's ranks, generated ids
  *                                on every rank.
@@ -50,6 +51,7 @@
 
 static int n_pass, n_fail;
 static int run_command(int argc, char **argv);
+int step_graph_main(int argc, char **argv);
 /* Set by --tp/--pp: this rank's place in a multi-rank model (NULL: a world of one). */
 static struct model_parallel *g_par;
 
@@ -784,6 +786,7 @@ int main(int argc, char **argv)
 
 static int run_command(int argc, char **argv)
 {
+    if (argc >= 2 && !strcmp(argv[1], "step-graph")) return step_graph_main(argc - 1, argv + 1); /* test_step_graph.c */
     if (argc >= 3 && !strcmp(argv[1], "stories")) return run_stories(argv[2]);
     if (argc >= 3 && !strcmp(argv[1], "stories-short")) {
         stories_short = 1;

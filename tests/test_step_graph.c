@@ -1,10 +1,10 @@
 /* tests/test_step_graph.c - decode steps run from backend graphs (engine/model/step_graph.c)
- * against the same steps run op by op.
- *   test_step_graph mirror                   the CPU backend's recording (kernels/cpu/graph.c):
+ * against the same steps run op by op; part of test_model (its "step-graph" command).
+ *   test_model step-graph mirror             the CPU backend's recording (kernels/cpu/graph.c):
  *                                            recorded ops do not run, a launch runs them on the
  *                                            data as it is then with the values recorded; what a
  *                                            capture cannot hold (an upload, a synchronize) fails it.
- *   test_step_graph [--device cuda] DIR...   each model twice on one backend, SHARDLM_GRAPHS=1 and
+ *   test_model step-graph [--device cuda] DIR... each model twice on one backend, SHARDLM_GRAPHS=1 and
  *                                            0: three sequences prefilled, then 60 decode steps
  *                                            over changing sets of them (batch sizes 3, 2, 3, 1;
  *                                            max_seq_len crossing its power-of-two buckets), each
@@ -239,7 +239,10 @@ static void check_env_refused(struct backend *b, const char *dir)
     model_free(m);
 }
 
-int main(int argc, char **argv)
+/* test_model step-graph ARGS (tests/test_model.c: one executable, one binary less to carry to a
+ * GPU); argv[0] is "step-graph". */
+int step_graph_main(int argc, char **argv);
+int step_graph_main(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "mirror")) return run_mirror();
     int i = 1, none = 0;

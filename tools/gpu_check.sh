@@ -118,6 +118,10 @@ run_tests() {
   export SHARDLM_SYNC_CHECK=1
   step "memcheck test_ops (attention)" 90 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$B/build/tests/test_ops" --backend cuda --filter attention
+  # decode steps from CUDA graphs (SHARDLM_SYNC_CHECK would keep them off: a synchronize after every
+  # op cannot be captured)
+  step "memcheck test_model step-graph (graphs)" 90 "$slog" env -u SHARDLM_SYNC_CHECK compute-sanitizer --tool memcheck \
+    --error-exitcode 9 "$B/build/tests/test_model" step-graph --device cuda "$B/build/golden/stories260K" "$B/build/golden/gemma2"
   step "memcheck test_model gpt2" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$B/build/tests/test_model" cuda "$B/build/golden" gpt2
   step "memcheck test_model gpt_oss" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \

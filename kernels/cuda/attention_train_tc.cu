@@ -521,7 +521,8 @@ int cuda_attention_prefill_tc(struct backend *b, const struct tensor *out, const
                               const struct attention_batch *batch)
 {
     const int64_t n = q->shape[0], n_heads = q->shape[1], hd = q->shape[2];
-    if (q->dtype == DTYPE_F32 || !(hd == 32 || hd == 64 || hd == 128) || !tc_aligned(out) || !tc_aligned(q) ||
+    if (q->dtype == DTYPE_F32 || k_cache->dtype != q->dtype || v_cache->dtype != q->dtype ||
+        !(hd == 32 || hd == 64 || hd == 128) || !tc_aligned(out) || !tc_aligned(q) ||
         !tc_aligned(k_cache) || !tc_aligned(v_cache))
         return 0;
     struct cuda_state *s = cuda_state_enter(b);
