@@ -570,17 +570,13 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
     upload_i32(b, &m->ws.slots, fb->slots, T);
     upload_i32(b, &m->ws.q_start, fb->q_start, fb->n_seqs + 1);
     upload_i32(b, &m->ws.seq_len, fb->seq_len, fb->n_seqs);
-    upload_i32(b, &m->ws.block_table, fb->block_table, (int64_t)fb->n_seqs * fb->max_blocks);
     upload_i32(b, &m->ws.logit_rows, fb->logit_rows, fb->n_logits);
 
     struct attention_batch ab = {
         .n_seqs = fb->n_seqs,
         .block_tokens = cache->block_tokens,
-        .max_blocks = fb->max_blocks,
         .q_start = tensor_first_rows(&m->ws.q_start, fb->n_seqs + 1),
         .seq_len = tensor_first_rows(&m->ws.seq_len, fb->n_seqs),
-        .block_table = tensor_make(m->ws.block_table.data, DTYPE_I32, b->device, 2,
-                                   (int64_t)fb->n_seqs, (int64_t)fb->max_blocks),
         .scale = model_attn_scale(m),
         .window = m->cfg.sliding_window,
         .softcap = m->cfg.attn_softcap,
@@ -593,6 +589,10 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
         ab.decode_only = ab.decode_only && fb->q_start[s + 1] - fb->q_start[s] == 1;
         if (fb->seq_len[s] > ab.max_seq_len) ab.max_seq_len = fb->seq_len[s];
     }
+    const int32_t *table = step_table(m, fb, cache->block_tokens, ab.max_seq_len, &ab.max_blocks);
+    upload_i32(b, &m->ws.block_table, table, (int64_t)fb->n_seqs * ab.max_blocks);
+    ab.block_table = tensor_make(m->ws.block_table.data, DTYPE_I32, b->device, 2, (int64_t)fb->n_seqs,
+                                 (int64_t)ab.max_blocks);
 
     CHECK(!fb->features || (m->tp_size == 1 && m->pp_size == 1), "forward batch: features at tp %d, pp %d",
           m->tp_size, m->pp_size);

@@ -15,6 +15,8 @@ struct step_graph {
 
 struct step_graphs {
     int               on;
+    int32_t          *table; /* step_table's rows (table_cap entries) */
+    size_t            table_cap;
     int               n;
     long              clock;
     struct step_graph e[STEP_GRAPHS_MAX];
@@ -53,6 +55,7 @@ void step_graphs_free(struct model *m)
         LOG_INFO("model", "step graphs: %ld captured, %ld steps replayed, %ld shapes refused", st.captured,
                  st.replayed, st.refused);
     step_graphs_drop(m);
+    if (m->graphs) free(m->graphs->table);
     free(m->graphs);
     m->graphs = NULL;
 }
@@ -72,16 +75,32 @@ int step_graph_fits(struct model *m, const struct kv_cache *cache, const struct 
         if ((fb->seq_row_path && fb->seq_row_path[s]) || (fb->seq_adapter && m->n_adapters > 0 && fb->seq_adapter[s] >= 0))
             return 0;
     ab->row_path = NULL; /* every mark 0: none (a host array a graph could not read) */
-    /* max_seq_len up to a power of two of blocks, within the table */
-    const int bt = cache->block_tokens;
-    int blocks = 1;
-    while (blocks * bt < ab->max_seq_len) blocks *= 2;
-    if (blocks > fb->max_blocks) blocks = fb->max_blocks;
-    ab->max_seq_len = blocks * bt;
+    ab->max_seq_len = ab->max_blocks * cache->block_tokens; /* the table's reach: a power of two of blocks */
     *key = (struct step_graph_key){.pool = cache->k[0].data, .pool_blocks = cache->k[0].shape[0],
                                    .n_seqs = fb->n_seqs, .n_logits = fb->n_logits,
-                                   .max_blocks = fb->max_blocks, .max_seq_len = ab->max_seq_len};
+                                   .max_blocks = ab->max_blocks, .max_seq_len = ab->max_seq_len};
     return 1;
+}
+
+const int32_t *step_table(struct model *m, const struct forward_batch *fb, int block_tokens, int max_seq_len,
+                          int *width)
+{
+    struct step_graphs *gs = m->graphs;
+    int w = 1;
+    while (w < fb->max_blocks && (int64_t)w * block_tokens < max_seq_len) w *= 2;
+    *width = fb->max_blocks;
+    if (w >= fb->max_blocks || !gs) return fb->block_table;
+    const size_t need = (size_t)fb->n_seqs * (size_t)w;
+    if (need > gs->table_cap) {
+        int32_t *t = realloc(gs->table, 2 * need * sizeof *t);
+        if (!t) return fb->block_table; /* out of host memory: the caller's rows, whole */
+        gs->table = t, gs->table_cap = 2 * need;
+    }
+    for (int s = 0; s < fb->n_seqs; s++)
+        memcpy(gs->table + (size_t)s * (size_t)w, fb->block_table + (size_t)s * (size_t)fb->max_blocks,
+               (size_t)w * sizeof *gs->table);
+    *width = w;
+    return gs->table;
 }
 
 static int same_key(const struct step_graph_key *a, const struct step_graph_key *b)

@@ -8,7 +8,8 @@
  * (one new row per sequence), no adapter, no mixture of experts, no EAGLE features, hidden states
  * or other head, no draft rows; and the key holds the rest: the KV pool, the sequences, the
  * logits rows, the block table's width and max_seq_len, rounded up to a power of two in blocks
- * (attention's split count; a bound above every seq_len is correct, only slower). A key is run
+ * (attention's split count; a bound above every seq_len is correct, only slower), the width the
+ * block table is uploaded with (step_table). A key is run
  * op by op the first time it is seen (scratch areas grow to its needs), captured the second,
  * replayed after that; at most STEP_GRAPHS_MAX are kept (the least recently used goes).
  * Tests: tests/test_step_graph.c (the CPU backend's recording mirror against steps run op by
@@ -31,10 +32,18 @@ enum status step_graphs_setup(struct model *m);
 void        step_graphs_free(struct model *m); /* every graph, and the state */
 /* Drops every graph (the workspace moved); the state stays. */
 void        step_graphs_drop(struct model *m);
-/* 1 when the step may run from a graph (see above); then *key is its key, ab->max_seq_len its
- * rounded bound and ab->row_path NULL (its marks are all 0). */
+/* 1 when the step may run from a graph (see above); then *key is its key, ab->max_seq_len the
+ * table's reach (ab->max_blocks, step_table's width, in tokens) and ab->row_path NULL (its marks
+ * are all 0). */
 int         step_graph_fits(struct model *m, const struct kv_cache *cache, const struct forward_batch *fb,
                             struct attention_batch *ab, struct step_graph_key *key);
+/* The block table a step uploads and its width (*width): the caller's rows cut to the step's
+ * longest sequence's blocks, rounded up to a power of two (a server's rows span the whole
+ * context: 8,192 blocks of a 128k one, 32 KB a sequence every step), in a host buffer of the
+ * model's; the caller's own when that is no narrower. Entries past a row's blocks are never read
+ * (attention reads seq_len's blocks). */
+const int32_t *step_table(struct model *m, const struct forward_batch *fb, int block_tokens, int max_seq_len,
+                          int *width);
 /* Runs body(ctx) (the step's ops: nothing in it may upload, download or synchronize) for key: op
  * by op, or recorded and replayed. Returns body's status. */
 enum status step_graph_run(struct model *m, const struct step_graph_key *key, enum status (*body)(void *ctx),
