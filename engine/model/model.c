@@ -88,6 +88,10 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.positions, DTYPE_I32, 1, {T}},
         {&m->ws.slots, DTYPE_I32, 1, {T}},
         {&m->ws.logit_rows, DTYPE_I32, 1, {max_logits}},
+        /* a step's inputs from tokens to here lie together, block_table last (step_upload) */
+        {&m->ws.q_start, DTYPE_I32, 1, {max_seqs + 1}},
+        {&m->ws.seq_len, DTYPE_I32, 1, {max_seqs}},
+        {&m->ws.block_table, DTYPE_I32, 2, {max_seqs, max_blocks}},
         {&m->ws.greedy_ids, DTYPE_I32, 1, {max_logits}},
         {&m->ws.top_values, DTYPE_F32, 2, {max_logits, top_k}},
         {&m->ws.top_ids, DTYPE_I32, 2, {max_logits, top_k}},
@@ -104,9 +108,6 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.lse, DTYPE_F32, 2, {T, m->n_heads_local}},
         {&m->ws.type_ids, DTYPE_I32, 1, {c->type_vocab_size > 0 ? T : 0}},
         {&m->ws.x_f32, DTYPE_F32, 2, {m->dtype != DTYPE_F32 ? T : 0, d}},
-        {&m->ws.q_start, DTYPE_I32, 1, {max_seqs + 1}},
-        {&m->ws.seq_len, DTYPE_I32, 1, {max_seqs}},
-        {&m->ws.block_table, DTYPE_I32, 2, {max_seqs, max_blocks}},
         {&m->ws.lora_u, m->dtype, 2, {m->max_adapter_rank > 0 ? T : 0, m->max_adapter_rank}},
         {&m->ws.lora_z, m->dtype, 2, {m->max_adapter_rank > 0 ? T : 0, widest_projection(m)}},
         {&m->ws.qk_full, m->dtype, 2, {c->qk_norm == QK_NORM_FULL && m->tp_size > 1 ? T : 0, (int64_t)c->n_heads * hd}},
@@ -565,13 +566,6 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
                                  "position %d is outside the model's context (%d)", fb->positions[i],
                                  m->cfg.max_positions);
 
-    upload_i32(b, &m->ws.tokens, fb->tokens, T);
-    upload_i32(b, &m->ws.positions, fb->positions, T);
-    upload_i32(b, &m->ws.slots, fb->slots, T);
-    upload_i32(b, &m->ws.q_start, fb->q_start, fb->n_seqs + 1);
-    upload_i32(b, &m->ws.seq_len, fb->seq_len, fb->n_seqs);
-    upload_i32(b, &m->ws.logit_rows, fb->logit_rows, fb->n_logits);
-
     struct attention_batch ab = {
         .n_seqs = fb->n_seqs,
         .block_tokens = cache->block_tokens,
@@ -590,7 +584,7 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
         if (fb->seq_len[s] > ab.max_seq_len) ab.max_seq_len = fb->seq_len[s];
     }
     const int32_t *table = step_table(m, fb, cache->block_tokens, ab.max_seq_len, &ab.max_blocks);
-    upload_i32(b, &m->ws.block_table, table, (int64_t)fb->n_seqs * ab.max_blocks);
+    step_upload(m, fb, table, ab.max_blocks);
     ab.block_table = tensor_make(m->ws.block_table.data, DTYPE_I32, b->device, 2, (int64_t)fb->n_seqs,
                                  (int64_t)ab.max_blocks);
 

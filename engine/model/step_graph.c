@@ -17,6 +17,8 @@ struct step_graphs {
     int               on;
     int32_t          *table; /* step_table's rows (table_cap entries) */
     size_t            table_cap;
+    char             *inputs; /* step_upload's image of the workspace's inputs (inputs_cap bytes) */
+    size_t            inputs_cap;
     int               n;
     long              clock;
     struct step_graph e[STEP_GRAPHS_MAX];
@@ -55,7 +57,7 @@ void step_graphs_free(struct model *m)
         LOG_INFO("model", "step graphs: %ld captured, %ld steps replayed, %ld shapes refused", st.captured,
                  st.replayed, st.refused);
     step_graphs_drop(m);
-    if (m->graphs) free(m->graphs->table);
+    if (m->graphs) free(m->graphs->table), free(m->graphs->inputs);
     free(m->graphs);
     m->graphs = NULL;
 }
@@ -101,6 +103,38 @@ const int32_t *step_table(struct model *m, const struct forward_batch *fb, int b
                (size_t)w * sizeof *gs->table);
     *width = w;
     return gs->table;
+}
+
+/* n i32 values of src at t's offset in the inputs' image (base: the first input's device address) */
+static void put_i32(char *image, const char *base, const struct tensor *t, const int32_t *src, int64_t n)
+{
+    if (n > 0) memcpy(image + ((const char *)t->data - base), src, (size_t)n * sizeof *src);
+}
+
+void step_upload(struct model *m, const struct forward_batch *fb, const int32_t *table, int width)
+{
+    struct step_graphs *gs = m->graphs;
+    const struct model_workspace *ws = &m->ws;
+    const char *base = ws->tokens.data;
+    const struct tensor *in[] = {&ws->positions, &ws->slots, &ws->logit_rows, &ws->q_start, &ws->seq_len};
+    for (size_t i = 0; i < sizeof in / sizeof *in; i++)
+        CHECK((const char *)in[i]->data > base && (const char *)in[i]->data < (const char *)ws->block_table.data,
+              "model: the workspace's step inputs are not together before the block table");
+    const size_t end = (size_t)((const char *)ws->block_table.data - base) + (size_t)fb->n_seqs * (size_t)width * 4;
+    if (end > gs->inputs_cap) {
+        char *p = realloc(gs->inputs, end);
+        CHECK(p, "model: out of host memory for a step's %zu bytes of inputs", end);
+        memset(p + gs->inputs_cap, 0, end - gs->inputs_cap); /* the gaps between inputs: zeros, never read */
+        gs->inputs = p, gs->inputs_cap = end;
+    }
+    put_i32(gs->inputs, base, &ws->tokens, fb->tokens, fb->n_tokens);
+    put_i32(gs->inputs, base, &ws->positions, fb->positions, fb->n_tokens);
+    put_i32(gs->inputs, base, &ws->slots, fb->slots, fb->n_tokens);
+    put_i32(gs->inputs, base, &ws->logit_rows, fb->logit_rows, fb->n_logits);
+    put_i32(gs->inputs, base, &ws->q_start, fb->q_start, fb->n_seqs + 1);
+    put_i32(gs->inputs, base, &ws->seq_len, fb->seq_len, fb->n_seqs);
+    put_i32(gs->inputs, base, &ws->block_table, table, (int64_t)fb->n_seqs * width);
+    backend_upload(m->b, ws->tokens.data, gs->inputs, end);
 }
 
 static int same_key(const struct step_graph_key *a, const struct step_graph_key *b)

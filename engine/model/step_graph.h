@@ -44,6 +44,10 @@ int         step_graph_fits(struct model *m, const struct kv_cache *cache, const
  * (attention reads seq_len's blocks). */
 const int32_t *step_table(struct model *m, const struct forward_batch *fb, int block_tokens, int max_seq_len,
                           int *width);
+/* The step's inputs (tokens, positions, slots, logits rows, q_start, seq_len and the block table
+ * `width` wide) into the workspace in one upload: they lie together there (model_reserve's
+ * table), and are packed into a host buffer of the model's at the same offsets. */
+void step_upload(struct model *m, const struct forward_batch *fb, const int32_t *table, int width);
 /* Runs body(ctx) (the step's ops: nothing in it may upload, download or synchronize) for key: op
  * by op, or recorded and replayed. Returns body's status. */
 enum status step_graph_run(struct model *m, const struct step_graph_key *key, enum status (*body)(void *ctx),
