@@ -1,4 +1,5 @@
-/* engine/model/step_graph.c - decode steps run from backend graphs (step_graph.h).
+/* engine/model/step_graph.c - a step's inputs and block table, decode steps run from backend
+ * graphs (step_graph.h).
  * Tests: tests/test_step_graph.c. */
 #include "step_graph.h"
 

@@ -1,7 +1,8 @@
-/* engine/model/step_graph.h - decode steps run from backend graphs (ops.h backend_graph_*): the
- * ops of a step, from the token embedding to the LM head, recorded once per shape and replayed
- * in one launch (CUDA graphs: a decode step of a 1B model is ~200 kernels, each a few
- * microseconds to launch, against under a millisecond of weight reads). Private to
+/* engine/model/step_graph.h - a step's inputs uploaded in one copy, its block table as wide as it
+ * needs (step_upload, step_table), and decode steps run from backend graphs (ops.h
+ * backend_graph_*): the ops of a step, from the token embedding to the LM head, recorded once
+ * per shape and replayed in one launch (CUDA graphs: a decode step of a 1B model is ~200
+ * kernels, each a few microseconds to launch, against under a millisecond of weight reads). Private to
  * engine/model/.
  * A graph replays every value passed by value as it was recorded, so a step takes one only when
  * all of them are the same: one rank (tp = pp = ep = 1, no communication inside), a decode step
