@@ -13,7 +13,9 @@
  *                                            on CUDA within CUDA_TOL (a graph's attention runs the
  *                                            split count of its rounded max_seq_len). The graphs
  *                                            must have been captured and replayed, and never
- *                                            refused; with --none, a model whose steps may not take
+ *                                            refused; then the workspace grows (model_reserve again:
+ *                                            every graph dropped) and 8 more steps must match and
+ *                                            capture again; with --none, a model whose steps may not take
  *                                            graphs (a mixture of experts) must take none.
  * With models, model_reserve must also refuse SHARDLM_GRAPHS=yes by name.
  * Prints one line per check and "N passed, M failed"; 77 (SKIP) without a GPU for cuda. */
@@ -30,6 +32,7 @@
 #define BT        16
 #define W         (MAX_CTX / BT)
 #define N_STEPS   60
+#define N_AFTER_GROWTH 8 /* steps after the workspace grew (the graphs dropped) */
 
 static int n_pass, n_fail;
 
@@ -199,9 +202,16 @@ static void run_model(struct backend *b, const char *dir, int none)
         len[q] = prompt[q];
         next[q] = argmax(le, V);
     }
-    for (int k = 0; k < N_STEPS && st == STATUS_OK; k++) {
+    long before_growth = 0;
+    for (int k = 0; k < N_STEPS + N_AFTER_GROWTH && st == STATUS_OK; k++) {
         int act[N_SEQS], n = 0;
-        if (k < 20 || (k >= 30 && k < 45)) act[n++] = 0, act[n++] = 1, act[n++] = 2;
+        if (k == N_STEPS) { /* the workspace grows (model_reserve again): every graph goes */
+            before_growth = model_graph_stats(g.m).captured;
+            st = model_reserve(g.m, 96, N_SEQS, W, N_SEQS);
+            if (st == STATUS_OK) st = model_reserve(e.m, 96, N_SEQS, W, N_SEQS);
+            if (st != STATUS_OK) break;
+        }
+        if (k < 20 || (k >= 30 && k < 45) || k >= N_STEPS) act[n++] = 0, act[n++] = 1, act[n++] = 2;
         else if (k < 30) act[n++] = 0, act[n++] = 2;
         else act[n++] = 1;
         for (int i = 0; i < n; i++) tok[i] = next[act[i]];
@@ -219,8 +229,12 @@ static void run_model(struct backend *b, const char *dir, int none)
     if (b->device == DEVICE_CPU) check(same && worst == 0.0, "logits with graphs are the bits without", detail);
     else check(worst <= CUDA_TOL, "logits with graphs within CUDA_TOL of those without", detail);
     if (none) check(gs.on && gs.captured == 0 && gs.replayed == 0 && gs.refused == 0, "no graph for this model", detail);
-    else check(gs.on && gs.captured >= 4 && gs.replayed >= 40 && gs.refused == 0, "graphs captured and replayed",
-               detail);
+    else {
+        check(gs.on && gs.captured >= 4 && gs.replayed >= 40 && gs.refused == 0, "graphs captured and replayed",
+              detail);
+        check(gs.captured > before_growth && before_growth > 0, "graphs captured again after the workspace grew",
+              detail);
+    }
     check(!es.on && es.captured == 0 && es.replayed == 0, "SHARDLM_GRAPHS=0 takes none", "");
     free(lg), free(le);
     side_close(&g), side_close(&e);
