@@ -16,7 +16,12 @@
  *                                            refused; then the workspace grows (model_reserve again:
  *                                            every graph dropped) and 8 more steps must match and
  *                                            capture again; with --none, a model whose steps may not take
- *                                            graphs (a mixture of experts) must take none.
+ *                                            graphs (a mixture of experts) must take none. Each model
+ *                                            runs twice more with room for 8 sequences, so that the
+ *                                            steps of 3 are padded to graphs of 4 (step_graph_pad),
+ *                                            the backend batch-invariant (a product row's bits then
+ *                                            do not depend on the batch's rows): the padded steps
+ *                                            counted, the logits again the bits of unpadded steps.
  * With models, model_reserve must also refuse SHARDLM_GRAPHS=yes by name.
  * Prints one line per check and "N passed, M failed"; 77 (SKIP) without a GPU for cuda. */
 #include <math.h>
@@ -33,6 +38,7 @@
 #define W         (MAX_CTX / BT)
 #define N_STEPS   60
 #define N_AFTER_GROWTH 8 /* steps after the workspace grew (the graphs dropped) */
+#define PAD_SEQS  8 /* the padded runs' room: 3 sequences pad to 4 */
 
 static int n_pass, n_fail;
 
@@ -123,12 +129,12 @@ struct side {
     int32_t         table[N_SEQS][W];
 };
 
-static enum status side_open(struct side *s, struct backend *b, const char *dir, const char *graphs)
+static enum status side_open(struct side *s, struct backend *b, const char *dir, const char *graphs, int room)
 {
     memset(s, 0, sizeof *s);
     setenv("SHARDLM_GRAPHS", graphs, 1);
     enum status st = model_load(dir, b, NULL, &s->m);
-    if (st == STATUS_OK) st = model_reserve(s->m, 64, N_SEQS, W, N_SEQS);
+    if (st == STATUS_OK) st = model_reserve(s->m, 64, room, W, room);
     unsetenv("SHARDLM_GRAPHS");
     if (st == STATUS_OK)
         st = kv_cache_init(&s->cache, b, s->m->n_layers_local, N_SEQS * W, BT, s->m->n_kv_local, s->m->cfg.head_dim,
@@ -176,11 +182,12 @@ static int argmax(const float *v, int n)
     return best;
 }
 
-static void run_model(struct backend *b, const char *dir, int none)
+/* room: the sequences the workspace holds (N_SEQS: no step is padded; PAD_SEQS: steps of 3 are) */
+static void run_model(struct backend *b, const char *dir, int none, int room)
 {
     struct side g, e; /* graphs on, op by op */
-    enum status st = side_open(&g, b, dir, "1");
-    if (st == STATUS_OK) st = side_open(&e, b, dir, "0");
+    enum status st = side_open(&g, b, dir, "1", room);
+    if (st == STATUS_OK) st = side_open(&e, b, dir, "0", room);
     if (st != STATUS_OK) {
         check(0, dir, status_message());
         return;
@@ -202,19 +209,20 @@ static void run_model(struct backend *b, const char *dir, int none)
         len[q] = prompt[q];
         next[q] = argmax(le, V);
     }
-    long before_growth = 0;
+    long before_growth = 0, want_padded = 0;
     for (int k = 0; k < N_STEPS + N_AFTER_GROWTH && st == STATUS_OK; k++) {
         int act[N_SEQS], n = 0;
         if (k == N_STEPS) { /* the workspace grows (model_reserve again): every graph goes */
             before_growth = model_graph_stats(g.m).captured;
-            st = model_reserve(g.m, 96, N_SEQS, W, N_SEQS);
-            if (st == STATUS_OK) st = model_reserve(e.m, 96, N_SEQS, W, N_SEQS);
+            st = model_reserve(g.m, 96, room, W, room);
+            if (st == STATUS_OK) st = model_reserve(e.m, 96, room, W, room);
             if (st != STATUS_OK) break;
         }
         if (k < 20 || (k >= 30 && k < 45) || k >= N_STEPS) act[n++] = 0, act[n++] = 1, act[n++] = 2;
         else if (k < 30) act[n++] = 0, act[n++] = 2;
         else act[n++] = 1;
         for (int i = 0; i < n; i++) tok[i] = next[act[i]];
+        want_padded += !none && room > N_SEQS && n == 3; /* 3 -> 4; 1 and 2 are buckets */
         st = step(&g, act, n, len, tok, 1, lg);
         if (st == STATUS_OK) st = step(&e, act, n, len, tok, 1, le);
         if (b->device == DEVICE_CPU) same = same && !memcmp(lg, le, (size_t)n * V * sizeof *lg);
@@ -223,8 +231,8 @@ static void run_model(struct backend *b, const char *dir, int none)
     }
     char detail[256];
     const struct model_graph_stats gs = model_graph_stats(g.m), es = model_graph_stats(e.m);
-    snprintf(detail, sizeof detail, "%s; max |diff| %.3g; captured %ld, replayed %ld, refused %ld", dir, worst,
-             gs.captured, gs.replayed, gs.refused);
+    snprintf(detail, sizeof detail, "%s, room %d; max |diff| %.3g; captured %ld, replayed %ld, refused %ld, padded %ld",
+             dir, room, worst, gs.captured, gs.replayed, gs.refused, gs.padded);
     check(st == STATUS_OK, "steps ran", st == STATUS_OK ? dir : status_message());
     if (b->device == DEVICE_CPU) check(same && worst == 0.0, "logits with graphs are the bits without", detail);
     else check(worst <= CUDA_TOL, "logits with graphs within CUDA_TOL of those without", detail);
@@ -235,7 +243,8 @@ static void run_model(struct backend *b, const char *dir, int none)
         check(gs.captured > before_growth && before_growth > 0, "graphs captured again after the workspace grew",
               detail);
     }
-    check(!es.on && es.captured == 0 && es.replayed == 0, "SHARDLM_GRAPHS=0 takes none", "");
+    check(gs.padded == want_padded, "the steps of 3 padded to 4 where there is room, none else", detail);
+    check(!es.on && es.captured == 0 && es.replayed == 0 && es.padded == 0, "SHARDLM_GRAPHS=0 takes none", "");
     free(lg), free(le);
     side_close(&g), side_close(&e);
 }
@@ -273,7 +282,14 @@ int step_graph_main(int argc, char **argv)
     if (i < argc) check_env_refused(b, argv[i]);
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--none")) none = 1;
-        else run_model(b, argv[i], none), none = 0;
+        else {
+            run_model(b, argv[i], none, N_SEQS);
+            const int invariant = b->batch_invariant;
+            b->batch_invariant = 1;
+            run_model(b, argv[i], none, PAD_SEQS);
+            b->batch_invariant = invariant;
+            none = 0;
+        }
     }
     backend_close(b);
     return finish();

@@ -545,10 +545,14 @@ static enum status graph_ops(void *ctx)
     return STATUS_OK;
 }
 
-static enum status forward_step(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
+static enum status forward_step(struct model *m, struct kv_cache *cache, const struct forward_batch *in,
                                 float *logits)
 {
     struct backend *b = m->b;
+    /* The step the ops run: in, or in padded to a graph's batch size (step_graph_pad), whose first
+     * in->n_logits logits rows are in's. */
+    struct forward_batch padded;
+    const struct forward_batch *fb = step_graph_pad(m, in, &padded);
     const int64_t T = fb->n_tokens;
     CHECK(T > 0 && T <= m->ws.max_tokens && fb->n_seqs > 0 && fb->n_seqs <= m->ws.max_seqs &&
               fb->max_blocks > 0 && fb->max_blocks <= m->ws.max_blocks && fb->n_logits >= 0 &&
@@ -583,7 +587,7 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
         ab.decode_only = ab.decode_only && fb->q_start[s + 1] - fb->q_start[s] == 1;
         if (fb->seq_len[s] > ab.max_seq_len) ab.max_seq_len = fb->seq_len[s];
     }
-    const int32_t *table = step_table(m, fb, cache->block_tokens, ab.max_seq_len, &ab.max_blocks);
+    const int32_t *table = step_table(m, fb, in->n_seqs, cache->block_tokens, ab.max_seq_len, &ab.max_blocks);
     step_upload(m, fb, table, ab.max_blocks);
     ab.block_table = tensor_make(m->ws.block_table.data, DTYPE_I32, b->device, 2, (int64_t)fb->n_seqs,
                                  (int64_t)ab.max_blocks);
@@ -621,7 +625,8 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
         }
         head_ops(m, fb, fb->hidden ? &normed : &x, fb->hidden != NULL, &lg);
     }
-    struct tensor full = lg;
+    fb = in; /* from here on, the caller's rows only */
+    struct tensor full = tensor_first_rows(&lg, fb->n_logits);
     if (m->tp_size > 1) { /* vocab-parallel shards side by side: (rows, tp * vocab_local) */
         full = tensor_first_rows(&m->ws.logits_full, fb->n_logits);
         if ((st = comm_all_gather_last(model_tp_comm(m), &full, &lg)) != STATUS_OK) return st;

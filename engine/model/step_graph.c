@@ -20,6 +20,8 @@ struct step_graphs {
     size_t            table_cap;
     char             *inputs; /* step_upload's image of the workspace's inputs (inputs_cap bytes) */
     size_t            inputs_cap;
+    int32_t          *pad; /* step_graph_pad's arrays (pad_cap entries) */
+    size_t            pad_cap;
     int               n;
     long              clock;
     struct step_graph e[STEP_GRAPHS_MAX];
@@ -55,10 +57,10 @@ void step_graphs_free(struct model *m)
 {
     const struct model_graph_stats st = model_graph_stats(m);
     if (st.captured || st.refused)
-        LOG_INFO("model", "step graphs: %ld captured, %ld steps replayed, %ld shapes refused", st.captured,
-                 st.replayed, st.refused);
+        LOG_INFO("model", "step graphs: %ld captured, %ld steps replayed (%ld padded), %ld shapes refused",
+                 st.captured, st.replayed, st.padded, st.refused);
     step_graphs_drop(m);
-    if (m->graphs) free(m->graphs->table), free(m->graphs->inputs);
+    if (m->graphs) free(m->graphs->table), free(m->graphs->inputs), free(m->graphs->pad);
     free(m->graphs);
     m->graphs = NULL;
 }
@@ -68,15 +70,69 @@ struct model_graph_stats model_graph_stats(const struct model *m)
     return m->graphs ? m->graphs->stats : (struct model_graph_stats){0};
 }
 
-int step_graph_fits(struct model *m, const struct kv_cache *cache, const struct forward_batch *fb,
-                    struct attention_batch *ab, struct step_graph_key *key)
+/* What a graph needs of the model and of fb, the host's arrays: one rank, one new row per
+ * sequence, no adapter row, no draft rows, no EAGLE inputs or other head. */
+static int may_take(const struct model *m, const struct forward_batch *fb)
 {
-    if (!m->graphs || !m->graphs->on || !ab->decode_only || fb->n_logits <= 0) return 0;
+    if (!m->graphs || !m->graphs->on || fb->n_logits <= 0 || fb->n_tokens != fb->n_seqs) return 0;
     if (m->tp_size != 1 || m->pp_size != 1 || m->ep_size > 1 || m->cfg.n_experts > 0) return 0;
     if (fb->features || fb->hidden || fb->head || m->input_fc_emb.data) return 0;
     for (int s = 0; s < fb->n_seqs; s++)
-        if ((fb->seq_row_path && fb->seq_row_path[s]) || (fb->seq_adapter && m->n_adapters > 0 && fb->seq_adapter[s] >= 0))
+        if (fb->q_start[s + 1] - fb->q_start[s] != 1 || (fb->seq_row_path && fb->seq_row_path[s]) ||
+            (fb->seq_adapter && m->n_adapters > 0 && fb->seq_adapter[s] >= 0))
             return 0;
+    return 1;
+}
+
+int step_graph_bucket(int n, int cap)
+{
+    int b = 1;
+    while (b < n && b < 8) b *= 2;
+    if (n > 8) b = (n + 7) / 8 * 8;
+    if (b > cap) b = cap;
+    return b > n ? b : n;
+}
+
+const struct forward_batch *step_graph_pad(struct model *m, const struct forward_batch *fb, struct forward_batch *out)
+{
+    struct step_graphs *gs = m->graphs;
+    if (!may_take(m, fb) || fb->n_logits != fb->n_seqs) return fb;
+    const struct model_workspace *ws = &m->ws;
+    int cap = ws->max_seqs < ws->max_tokens ? ws->max_seqs : ws->max_tokens;
+    if (ws->max_logits < cap) cap = ws->max_logits;
+    const int n = fb->n_seqs, rows = step_graph_bucket(n, cap);
+    if (rows == n) return fb;
+    const size_t need = 6 * (size_t)rows + 1;
+    if (need > gs->pad_cap) {
+        int32_t *p = realloc(gs->pad, need * sizeof *p);
+        if (!p) return fb; /* out of host memory: the step as it came, exact */
+        gs->pad = p, gs->pad_cap = need;
+    }
+    int32_t *tok = gs->pad, *pos = tok + rows, *slot = pos + rows, *lrow = slot + rows, *len = lrow + rows;
+    int32_t *q_start = len + rows;
+    for (int i = 0; i < rows; i++) {
+        const int real = i < n;
+        tok[i] = fb->tokens[real ? i : n - 1];
+        pos[i] = real ? fb->positions[i] : 0;
+        slot[i] = real ? fb->slots[i] : -1;
+        lrow[i] = real ? fb->logit_rows[i] : i;
+        len[i] = real ? fb->seq_len[i] : 1;
+        q_start[i] = i;
+    }
+    q_start[rows] = rows;
+    *out = *fb;
+    out->n_tokens = out->n_seqs = out->n_logits = rows;
+    out->tokens = tok, out->positions = pos, out->slots = slot, out->logit_rows = lrow;
+    out->seq_len = len, out->q_start = q_start;
+    out->seq_row_path = NULL, out->seq_adapter = NULL; /* none marked (may_take) */
+    gs->stats.padded++;
+    return out;
+}
+
+int step_graph_fits(struct model *m, const struct kv_cache *cache, const struct forward_batch *fb,
+                    struct attention_batch *ab, struct step_graph_key *key)
+{
+    if (!ab->decode_only || !may_take(m, fb)) return 0;
     ab->row_path = NULL; /* every mark 0: none (a host array a graph could not read) */
     ab->max_seq_len = ab->max_blocks * cache->block_tokens; /* the table's reach: a power of two of blocks */
     *key = (struct step_graph_key){.pool = cache->k[0].data, .pool_blocks = cache->k[0].shape[0],
@@ -85,22 +141,26 @@ int step_graph_fits(struct model *m, const struct kv_cache *cache, const struct 
     return 1;
 }
 
-const int32_t *step_table(struct model *m, const struct forward_batch *fb, int block_tokens, int max_seq_len,
-                          int *width)
+const int32_t *step_table(struct model *m, const struct forward_batch *fb, int real, int block_tokens,
+                          int max_seq_len, int *width)
 {
     struct step_graphs *gs = m->graphs;
     int w = 1;
     while (w < fb->max_blocks && (int64_t)w * block_tokens < max_seq_len) w *= 2;
+    if (w > fb->max_blocks) w = fb->max_blocks;
     *width = fb->max_blocks;
-    if (w >= fb->max_blocks || !gs) return fb->block_table;
+    CHECK(real > 0 && real <= fb->n_seqs && (real == fb->n_seqs || gs), "step_table: %d of %d rows", real, fb->n_seqs);
+    if ((w == fb->max_blocks && real == fb->n_seqs) || !gs) return fb->block_table;
     const size_t need = (size_t)fb->n_seqs * (size_t)w;
     if (need > gs->table_cap) {
         int32_t *t = realloc(gs->table, 2 * need * sizeof *t);
+        CHECK(t || real == fb->n_seqs, "model: out of host memory for a padded step's block table");
         if (!t) return fb->block_table; /* out of host memory: the caller's rows, whole */
         gs->table = t, gs->table_cap = 2 * need;
     }
     for (int s = 0; s < fb->n_seqs; s++)
-        memcpy(gs->table + (size_t)s * (size_t)w, fb->block_table + (size_t)s * (size_t)fb->max_blocks,
+        memcpy(gs->table + (size_t)s * (size_t)w,
+               fb->block_table + (size_t)(s < real ? s : real - 1) * (size_t)fb->max_blocks,
                (size_t)w * sizeof *gs->table);
     *width = w;
     return gs->table;

@@ -13,6 +13,9 @@
  * block table is uploaded with (step_table). A key is run
  * op by op the first time it is seen (scratch areas grow to its needs), captured the second,
  * replayed after that; at most STEP_GRAPHS_MAX are kept (the least recently used goes).
+ * Batch sizes are padded to buckets (step_graph_pad: 1, 2, 4, 8, then multiples of 8, as far as
+ * the workspace holds), so that a server whose batch size moves every step replays a few graphs
+ * instead of capturing one per size; the padded rows write no KV and their logits are not read.
  * Tests: tests/test_step_graph.c (the CPU backend's recording mirror against steps run op by
  * op, bit for bit); on a GPU tools/gpu_check.sh. */
 #ifndef SHARDLM_STEP_GRAPH_H
@@ -33,6 +36,13 @@ enum status step_graphs_setup(struct model *m);
 void        step_graphs_free(struct model *m); /* every graph, and the state */
 /* Drops every graph (the workspace moved); the state stays. */
 void        step_graphs_drop(struct model *m);
+/* The batch a decode step of fb's n sequences runs a graph at: fb itself, or fb padded to its
+ * bucket in *out (arrays of the model's): the padded sequences repeat the last one's token and
+ * block table with one cached token (seq_len 1, position 0: they read that sequence's first
+ * cached row), write no KV (slot -1) and ask for their own logits rows after fb's. Only where
+ * the step may take a graph, and every sequence wants its logits row; the caller's step reads
+ * its first fb->n_logits logits rows as before. */
+const struct forward_batch *step_graph_pad(struct model *m, const struct forward_batch *fb, struct forward_batch *out);
 /* 1 when the step may run from a graph (see above); then *key is its key, ab->max_seq_len the
  * table's reach (ab->max_blocks, step_table's width, in tokens) and ab->row_path NULL (its marks
  * are all 0). */
@@ -41,10 +51,13 @@ int         step_graph_fits(struct model *m, const struct kv_cache *cache, const
 /* The block table a step uploads and its width (*width): the caller's rows cut to the step's
  * longest sequence's blocks, rounded up to a power of two (a server's rows span the whole
  * context: 8,192 blocks of a 128k one, 32 KB a sequence every step), in a host buffer of the
- * model's; the caller's own when that is no narrower. Entries past a row's blocks are never read
- * (attention reads seq_len's blocks). */
-const int32_t *step_table(struct model *m, const struct forward_batch *fb, int block_tokens, int max_seq_len,
-                          int *width);
+ * model's; the caller's own when that is no narrower and nothing is padded. Rows at or past real
+ * (fb's sequences before step_graph_pad) repeat row real - 1, which fb->block_table ends with.
+ * Entries past a row's blocks are never read (attention reads seq_len's blocks). */
+const int32_t *step_table(struct model *m, const struct forward_batch *fb, int real, int block_tokens,
+                          int max_seq_len, int *width);
+/* The bucket of a batch of n sequences (step_graph_pad), at most cap (and at least n). */
+int step_graph_bucket(int n, int cap);
 /* The step's inputs (tokens, positions, slots, logits rows, q_start, seq_len and the block table
  * `width` wide) into the workspace in one upload: they lie together there (model_reserve's
  * table), and are packed into a host buffer of the model's at the same offsets. */
