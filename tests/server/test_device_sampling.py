@@ -10,8 +10,9 @@ bias, banned ids (min_tokens) and penalties edited into the row on the device fi
 (op_logit_edit), a structured output's mask after them (op_logit_mask), log-probabilities from the
 candidates and the row's normaliser (op_logit_lse), and must take the very token, and give the very
 log-probabilities, the host takes from the whole row. The forced server also runs its decode steps from
-graphs at one rank (SHARDLM_GRAPHS=1, the CPU's recording mirror of CUDA graphs; its log must say so and
-refuse none), the plain one op by op: a GPU's default against the host's path. A server with the path and one without get the same requests (seeded; llama.cpp's
+graphs at one rank (SHARDLM_GRAPHS=1, the CPU's recording mirror of CUDA graphs; its log must say so,
+refuse none, and, with requests sent all at once, count steps padded to a bucket's graph), the plain one
+op by op: a GPU's default against the host's path. A server with the path and one without get the same requests (seeded; llama.cpp's
 defaults top_k 40 / top_p 0.95 / min_p 0.05, a low temperature, top_k 63, top_p alone, min_p
 alone, a nucleus wider than 64 tokens, plain temperature hot and cool, penalties, a logit bias,
 min_tokens, greedy with penalties, n = 3 after its first token, a JSON schema, a regex (greedy), a
@@ -36,6 +37,7 @@ SKIP (77) without the model or the Python client.
 import argparse
 import concurrent.futures as cf
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -156,6 +158,10 @@ def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True,
             log = srv.log_path
         text = Path(log).read_text(errors="replace")
         said[forced] = {k: mark in text for k, mark in MARKS.items()}
+        # the model's last line on the graphs (model_free): steps padded to a bucket's graph (six requests
+        # at once make steps of 6, 5, 3 ... sequences, run from graphs of 8 and 4)
+        padded = re.search(r"steps replayed \((\d+) padded\)", text)
+        said[forced]["padded"] = bool(padded and int(padded.group(1)) > 0)
     for k, what in enumerate(["one at a time", "all at once"][:len(runs[True])]):
         plain, top = runs[False][k], runs[True][k]
         for case, _, served in CASES:
@@ -171,7 +177,8 @@ def compare(a, model, name, launcher=(), extra=(), max_tokens=48, parallel=True,
         check(distinct > 1, f"{name}: sampled outputs differ between prompts ({distinct} distinct), {what}")
     # (taken only 0.05 inside their token, draw_tol, a nucleus's cut is rarely that far from top_p)
     want = {"top": True, "fetched": True, "drawn": True, "nucleus drawn": not draw_tol, "draw fetched": bool(draw_tol), "exact": not draw_tol,
-            "edits": True, "masks": True, "logprobs": True, "graphs": not launcher}
+            "edits": True, "masks": True, "logprobs": True, "graphs": not launcher,
+            "padded": not launcher and parallel}
     got = {k: said[True][k] for k in want if want[k] or k == "exact"}
     check(all(got[k] == want[k] for k in got) and not said[True]["graph refused"] and not any(said[False].values()),
           f"{name}: the forced server's log says {', '.join(k for k in want if want[k])} ({got}), no graph "
