@@ -85,6 +85,7 @@ struct cuda_state {
                                           CUDA_TRAIN_ATTENTION_TC_DEFAULT (ops.h) */
     cudaStream_t   stream;
     cublasHandle_t cublas; /* bound to stream; created, used and destroyed only by matmul.cu */
+    void          *cublas_workspace; /* cuBLAS's workspace, ours (matmul.cu: none allocated in a capture) */
     void          *scratch;       /* device memory for ops' temporaries (cuda_scratch) */
     size_t         scratch_bytes;
     /* matmul.cu's f32 products before the bias is added (16-bit outputs with a bias), allocated

@@ -15,6 +15,26 @@
 /* The f32 scratch of products with a bias and a 16-bit output (see cuda_matmul): 8 Mi floats,
  * so that a product of up to 8 Mi outputs takes one cuBLAS call; larger ones go by row chunks. */
 #define MATMUL_SCRATCH_BYTES ((size_t)32 << 20)
+/* cuBLAS's workspace, given to it (cublasSetWorkspace) rather than left to its default pool:
+ * inside a graph's capture (step_graph.c) the default pool allocates through cudaMallocAsync,
+ * which puts memory nodes into each captured graph (up to 64 of them kept) and fails where memory
+ * nodes are not allowed; with ours, a product captures as kernels only. 32 MiB: the size cuBLAS's
+ * documentation recommends for Hopper (4 MiB elsewhere). */
+#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+
+/* cudaMalloc of bytes into *p, out of memory named (what) and not left sticky */
+static enum status matmul_alloc(struct cuda_state *s, void **p, size_t bytes, const char *what)
+{
+    cudaError_t err = cudaMalloc(p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError(); /* out of memory is not sticky: clear it for later checks */
+        *p = NULL;
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "CUDA device %d: out of memory allocating the %zu-byte %s",
+                             s->device_id, bytes, what);
+    }
+    CUDA_CHECK(err);
+    return STATUS_OK;
+}
 
 enum status cuda_matmul_init(struct cuda_state *s)
 {
@@ -29,15 +49,13 @@ enum status cuda_matmul_init(struct cuda_state *s)
      * rounding more than once; the contract is f32 accumulation, rounded once on store. */
     CUBLAS_CHECK(cublasSetMathMode(s->cublas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
                                                 CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    enum status st_ws = matmul_alloc(s, &s->cublas_workspace, CUBLAS_WORKSPACE_BYTES, "cuBLAS workspace");
+    if (st_ws != STATUS_OK) return st_ws;
+    /* after cublasSetStream, which sets the workspace back to cuBLAS's own pool */
+    CUBLAS_CHECK(cublasSetWorkspace(s->cublas, s->cublas_workspace, CUBLAS_WORKSPACE_BYTES));
     void *scratch = NULL;
-    cudaError_t err = cudaMalloc(&scratch, MATMUL_SCRATCH_BYTES);
-    if (err == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError(); /* out of memory is not sticky: clear it for later checks */
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED,
-                             "CUDA device %d: out of memory allocating the %zu-byte matmul scratch",
-                             s->device_id, MATMUL_SCRATCH_BYTES);
-    }
-    CUDA_CHECK(err);
+    enum status st_scratch = matmul_alloc(s, &scratch, MATMUL_SCRATCH_BYTES, "matmul scratch");
+    if (st_scratch != STATUS_OK) return st_scratch;
     s->matmul_scratch = (float *)scratch;
     s->matmul_scratch_floats = MATMUL_SCRATCH_BYTES / sizeof(float);
     return STATUS_OK;
@@ -47,6 +65,8 @@ void cuda_matmul_free(struct cuda_state *s)
 {
     if (s->cublas) CUBLAS_CHECK(cublasDestroy(s->cublas));
     s->cublas = NULL;
+    CUDA_CHECK(cudaFree(s->cublas_workspace));
+    s->cublas_workspace = NULL;
     CUDA_CHECK(cudaFree(s->matmul_scratch));
     s->matmul_scratch = NULL;
     s->matmul_scratch_floats = 0;
