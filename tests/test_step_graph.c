@@ -22,6 +22,11 @@
  *                                            the backend batch-invariant (a product row's bits then
  *                                            do not depend on the batch's rows): the padded steps
  *                                            counted, the logits again the bits of unpadded steps.
+ *                                            Every capture must have been verified (its first launch
+ *                                            against the step op by op); with
+ *                                            SHARDLM_TEST_GRAPH_MISMATCH=1 (a capture's logits read
+ *                                            as off) the first capture must turn graphs off, the
+ *                                            logits still the op-by-op bits.
  * With models, model_reserve must also refuse SHARDLM_GRAPHS=yes by name.
  * Prints one line per check and "N passed, M failed"; 77 (SKIP) without a GPU for cuda. */
 #include <math.h>
@@ -129,13 +134,16 @@ struct side {
     int32_t         table[N_SEQS][W];
 };
 
-static enum status side_open(struct side *s, struct backend *b, const char *dir, const char *graphs, int room)
+static enum status side_open(struct side *s, struct backend *b, const char *dir, const char *graphs, int room,
+                             int mismatch)
 {
     memset(s, 0, sizeof *s);
     setenv("SHARDLM_GRAPHS", graphs, 1);
+    if (mismatch) setenv("SHARDLM_TEST_GRAPH_MISMATCH", "1", 1);
     enum status st = model_load(dir, b, NULL, &s->m);
     if (st == STATUS_OK) st = model_reserve(s->m, 64, room, W, room);
     unsetenv("SHARDLM_GRAPHS");
+    unsetenv("SHARDLM_TEST_GRAPH_MISMATCH");
     if (st == STATUS_OK)
         st = kv_cache_init(&s->cache, b, s->m->n_layers_local, N_SEQS * W, BT, s->m->n_kv_local, s->m->cfg.head_dim,
                            s->m->dtype);
@@ -182,12 +190,13 @@ static int argmax(const float *v, int n)
     return best;
 }
 
-/* room: the sequences the workspace holds (N_SEQS: no step is padded; PAD_SEQS: steps of 3 are) */
-static void run_model(struct backend *b, const char *dir, int none, int room)
+/* room: the sequences the workspace holds (N_SEQS: no step is padded; PAD_SEQS: steps of 3 are);
+ * mismatch: every capture's logits read as off (SHARDLM_TEST_GRAPH_MISMATCH) */
+static void run_model(struct backend *b, const char *dir, int none, int room, int mismatch)
 {
     struct side g, e; /* graphs on, op by op */
-    enum status st = side_open(&g, b, dir, "1", room);
-    if (st == STATUS_OK) st = side_open(&e, b, dir, "0", room);
+    enum status st = side_open(&g, b, dir, "1", room, mismatch);
+    if (st == STATUS_OK) st = side_open(&e, b, dir, "0", room, 0);
     if (st != STATUS_OK) {
         check(0, dir, status_message());
         return;
@@ -222,7 +231,8 @@ static void run_model(struct backend *b, const char *dir, int none, int room)
         else if (k < 30) act[n++] = 0, act[n++] = 2;
         else act[n++] = 1;
         for (int i = 0; i < n; i++) tok[i] = next[act[i]];
-        want_padded += !none && room > N_SEQS && n == 3; /* 3 -> 4; 1 and 2 are buckets */
+        /* 3 -> 4; 1 and 2 are buckets; nothing once a mismatch turned graphs off (the first capture) */
+        want_padded += !none && room > N_SEQS && n == 3 && !(mismatch && model_graph_stats(g.m).mismatched);
         st = step(&g, act, n, len, tok, 1, lg);
         if (st == STATUS_OK) st = step(&e, act, n, len, tok, 1, le);
         if (b->device == DEVICE_CPU) same = same && !memcmp(lg, le, (size_t)n * V * sizeof *lg);
@@ -231,13 +241,18 @@ static void run_model(struct backend *b, const char *dir, int none, int room)
     }
     char detail[256];
     const struct model_graph_stats gs = model_graph_stats(g.m), es = model_graph_stats(e.m);
-    snprintf(detail, sizeof detail, "%s, room %d; max |diff| %.3g; captured %ld, replayed %ld, refused %ld, padded %ld",
-             dir, room, worst, gs.captured, gs.replayed, gs.refused, gs.padded);
+    snprintf(detail, sizeof detail, "%s, room %d%s; max |diff| %.3g; captured %ld (verified %ld, mismatched %ld), "
+             "replayed %ld, refused %ld, padded %ld", dir, room, mismatch ? ", mismatch planted" : "", worst,
+             gs.captured, gs.verified, gs.mismatched, gs.replayed, gs.refused, gs.padded);
     check(st == STATUS_OK, "steps ran", st == STATUS_OK ? dir : status_message());
     if (b->device == DEVICE_CPU) check(same && worst == 0.0, "logits with graphs are the bits without", detail);
     else check(worst <= CUDA_TOL, "logits with graphs within CUDA_TOL of those without", detail);
     if (none) check(gs.on && gs.captured == 0 && gs.replayed == 0 && gs.refused == 0, "no graph for this model", detail);
+    else if (mismatch)
+        check(gs.captured == 1 && gs.mismatched == 1 && gs.verified == 0 && gs.replayed == 0,
+              "a capture whose logits are off turns graphs off", detail);
     else {
+        check(gs.verified == gs.captured && gs.mismatched == 0, "every capture verified against op by op", detail);
         check(gs.on && gs.captured >= 4 && gs.replayed >= 40 && gs.refused == 0, "graphs captured and replayed",
               detail);
         check(gs.captured > before_growth && before_growth > 0, "graphs captured again after the workspace grew",
@@ -268,7 +283,7 @@ int step_graph_main(int argc, char **argv);
 int step_graph_main(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "mirror")) return run_mirror();
-    int i = 1, none = 0;
+    int i = 1, none = 0, mismatch_run = 0;
     enum device dev = DEVICE_CPU;
     if (i + 1 < argc && !strcmp(argv[i], "--device")) {
         if (backend_parse_device(argv[i + 1], &dev) != STATUS_OK) return fprintf(stderr, "%s\n", status_message()), 2;
@@ -283,11 +298,12 @@ int step_graph_main(int argc, char **argv)
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--none")) none = 1;
         else {
-            run_model(b, argv[i], none, N_SEQS);
+            run_model(b, argv[i], none, N_SEQS, 0);
             const int invariant = b->batch_invariant;
             b->batch_invariant = 1;
-            run_model(b, argv[i], none, PAD_SEQS);
+            run_model(b, argv[i], none, PAD_SEQS, 0);
             b->batch_invariant = invariant;
+            if (!none && !mismatch_run++) run_model(b, argv[i], 0, PAD_SEQS, 1); /* the first model */
             none = 0;
         }
     }

@@ -339,12 +339,14 @@ struct forward_batch {
  * return STATUS_UNAVAILABLE. */
 /* What the step graphs did so far (step_graph.c): decode steps whose ops were recorded into a
  * backend graph (captured), run from one (replayed), and shapes whose recording failed and which
- * run op by op from then on (refused), and steps padded to a larger batch's graph (padded). on:
- * whether steps may take graphs at all (SHARDLM_GRAPHS: 0 never, 1 on any backend that records
- * them; unset: on CUDA only). */
+ * run op by op from then on (refused), steps padded to a larger batch's graph (padded), and
+ * captures whose first launch gave the logits of the same step run op by op right after it
+ * (verified) or did not (mismatched: graphs are then turned off). on: whether steps may take
+ * graphs at all (SHARDLM_GRAPHS: 0 never, 1 on any backend that records them; unset: on CUDA
+ * only). */
 struct model_graph_stats {
     int  on;
-    long captured, replayed, refused, padded;
+    long captured, replayed, refused, padded, verified, mismatched;
 };
 struct model_graph_stats model_graph_stats(const struct model *m);
 

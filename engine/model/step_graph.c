@@ -3,8 +3,14 @@
  * Tests: tests/test_step_graph.c. */
 #include "step_graph.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A capture's logits against the same step run op by op: within this much of the larger
+ * magnitude (and of 1), they agree. The two run the same kernels on the same values, so on the
+ * CPU they are the same bits; on CUDA an op that sums with atomics may move a last bit. */
+#define GRAPH_VERIFY_TOL 1e-2
 
 struct step_graph {
     struct step_graph_key key;
@@ -26,6 +32,7 @@ struct step_graphs {
     long              clock;
     struct step_graph e[STEP_GRAPHS_MAX];
     struct model_graph_stats stats;
+    int               test_mismatch; /* SHARDLM_TEST_GRAPH_MISMATCH=1: every capture's logits read as off */
 };
 
 enum status step_graphs_setup(struct model *m)
@@ -41,6 +48,8 @@ enum status step_graphs_setup(struct model *m)
     m->graphs = calloc(1, sizeof *m->graphs);
     if (!m->graphs) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
     m->graphs->on = on && !m->b->sync_check; /* a synchronize after every op cannot be recorded */
+    const char *t = getenv("SHARDLM_TEST_GRAPH_MISMATCH");
+    m->graphs->test_mismatch = t && !strcmp(t, "1");
     m->graphs->stats.on = m->graphs->on;
     return STATUS_OK;
 }
@@ -57,8 +66,8 @@ void step_graphs_free(struct model *m)
 {
     const struct model_graph_stats st = model_graph_stats(m);
     if (st.captured || st.refused)
-        LOG_INFO("model", "step graphs: %ld captured, %ld steps replayed (%ld padded), %ld shapes refused",
-                 st.captured, st.replayed, st.padded, st.refused);
+        LOG_INFO("model", "step graphs: %ld captured (%ld verified, %ld mismatched), %ld steps replayed (%ld padded), "
+                 "%ld shapes refused", st.captured, st.verified, st.mismatched, st.replayed, st.padded, st.refused);
     step_graphs_drop(m);
     if (m->graphs) free(m->graphs->table), free(m->graphs->inputs), free(m->graphs->pad);
     free(m->graphs);
@@ -221,6 +230,33 @@ static struct step_graph *entry(struct model *m, const struct step_graph_key *ke
     return e;
 }
 
+/* A capture's first launch checked: its logits downloaded, the same step run op by op (body
+ * again: the KV rows it writes are the ones the graph wrote), its logits downloaded and compared.
+ * Returns 1 when they agree (GRAPH_VERIFY_TOL), or when it could not tell (no host memory); *st is
+ * the op-by-op run's status, whose logits are the step's either way; *diff and *scale the largest
+ * difference and magnitude. */
+static int verify_capture(struct model *m, const struct step_graph_key *key, enum status (*body)(void *ctx),
+                          void *ctx, enum status *st, double *diff, double *scale)
+{
+    const struct tensor lg = tensor_first_rows(&m->ws.logits, key->n_logits);
+    const size_t bytes = tensor_nbytes(&lg), n = (size_t)tensor_numel(&lg);
+    char *host = malloc(2 * bytes);
+    *diff = 0.0, *scale = 1.0;
+    if (!host) return (*st = body(ctx)), 1;
+    backend_download(m->b, host, lg.data, bytes);
+    if (m->graphs->test_mismatch) dtype_store_f32(host, lg.dtype, 0, dtype_load_f32(host, lg.dtype, 0) + 100.0f);
+    if ((*st = body(ctx)) != STATUS_OK) return free(host), 1;
+    backend_download(m->b, host + bytes, lg.data, bytes);
+    for (size_t i = 0; i < n; i++) {
+        const double x = dtype_load_f32(host, lg.dtype, i), y = dtype_load_f32(host + bytes, lg.dtype, i);
+        if (isnan(x) != isnan(y)) *diff = INFINITY;
+        else if (!isnan(x) && x != y) *diff = fmax(*diff, fabs(x - y)); /* (equal infinities agree) */
+        if (isfinite(x) && isfinite(y)) *scale = fmax(*scale, fmax(fabs(x), fabs(y)));
+    }
+    free(host);
+    return *diff <= GRAPH_VERIFY_TOL * *scale;
+}
+
 enum status step_graph_run(struct model *m, const struct step_graph_key *key, enum status (*body)(void *ctx),
                            void *ctx)
 {
@@ -253,7 +289,16 @@ enum status step_graph_run(struct model *m, const struct step_graph_key *key, en
             if (gs->stats.captured++ == 0)
                 LOG_INFO("model", "decode steps run from graphs (the first: %d sequences, max_seq_len %d)",
                          key->n_seqs, key->max_seq_len);
-            return STATUS_OK;
+            double diff, scale;
+            if (verify_capture(m, key, body, ctx, &st, &diff, &scale)) {
+                gs->stats.verified++;
+                return st;
+            }
+            gs->stats.mismatched++;
+            gs->on = 0; /* a replay that is not the step: none from now on */
+            LOG_WARN("model", "a decode step's graph (%d sequences) gave logits %g away from the same step run op "
+                     "by op (largest magnitude %g): graphs are turned off, steps run op by op", key->n_seqs, diff, scale);
+            return st;
         }
         backend_graph_free(m->b, g);
     }

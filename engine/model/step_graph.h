@@ -11,8 +11,9 @@
  * logits rows, the block table's width and max_seq_len, rounded up to a power of two in blocks
  * (attention's split count; a bound above every seq_len is correct, only slower), the width the
  * block table is uploaded with (step_table). A key is run
- * op by op the first time it is seen (scratch areas grow to its needs), captured the second,
- * replayed after that; at most STEP_GRAPHS_MAX are kept (the least recently used goes).
+ * op by op the first time it is seen (scratch areas grow to its needs), captured the second (its
+ * first launch checked against the same step run op by op right after: logits off by more than
+ * GRAPH_VERIFY_TOL turn graphs off for good, with a warning), replayed after that; at most STEP_GRAPHS_MAX are kept (the least recently used goes).
  * Batch sizes are padded to buckets (step_graph_pad: 1, 2, 4, 8, then multiples of 8, as far as
  * the workspace holds), so that a server whose batch size moves every step replays a few graphs
  * instead of capturing one per size; the padded rows write no KV and their logits are not read.
