@@ -88,12 +88,14 @@ enum status backend_alloc_tensor(struct backend *b, struct tensor *t, enum dtype
 
 void backend_upload(struct backend *b, void *dst, const void *src, size_t n)
 {
+    b->n_uploads++;
     b->ops->upload(b, dst, src, n);
     after_op(b);
 }
 
 void backend_download(struct backend *b, void *dst, const void *src, size_t n)
 {
+    b->n_downloads++;
     b->ops->download(b, dst, src, n);
 }
 

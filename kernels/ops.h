@@ -256,6 +256,8 @@ struct backend {
                                    step, so that a verified row gives the bits its decode step
                                    would (CPU: AMX tiles and dequantized tiles left out; attention
                                    reads the per-sequence mark itself) */
+    long        n_uploads, n_downloads; /* backend_upload / backend_download calls so far (tests
+                                           count a step's host <-> device copies) */
     void       *stream;      /* the queue every op of this backend runs on, in order: CUDA's
                                 cudaStream_t (a non-blocking stream); NULL on the CPU. Give it to
                                 parallel_groups_init, so that communication queues on it too and

@@ -1,5 +1,6 @@
 /* tests/test_step_graph.c - decode steps run from backend graphs (engine/model/step_graph.c)
- * against the same steps run op by op; part of test_model (its "step-graph" command).
+ * against the same steps run op by op, and a step's host <-> device copies; part of test_model
+ * (its "step-graph" command).
  *   test_model step-graph mirror             the CPU backend's recording (kernels/cpu/graph.c):
  *                                            recorded ops do not run, a launch runs them on the
  *                                            data as it is then with the values recorded; what a
@@ -27,6 +28,13 @@
  *                                            SHARDLM_TEST_GRAPH_MISMATCH=1 (a capture's logits read
  *                                            as off) the first capture must turn graphs off, the
  *                                            logits still the op-by-op bits.
+ *                                            Then each model's decode steps with the sampling on
+ *                                            the device (engine/model/device_sampling.c: greedy; the
+ *                                            top candidates with masses, draws and normalisers; with
+ *                                            an edit and a mask) beside the same steps' downloaded
+ *                                            logits: the outputs those logits give, and the copies
+ *                                            counted (the step's inputs one upload, the sampling's
+ *                                            one, its outputs one download, one more before edits).
  * With models, model_reserve must also refuse SHARDLM_GRAPHS=yes by name.
  * Prints one line per check and "N passed, M failed"; 77 (SKIP) without a GPU for cuda. */
 #include <math.h>
@@ -159,8 +167,8 @@ static void side_close(struct side *s)
 
 /* One step over the sequences in act (n of them), each bringing rows new tokens (prefill when
  * rows > 1, then only act[0]); logits of each sequence's last row. */
-static enum status step(struct side *s, const int *act, int n, const int *len, const int32_t *tok, int rows,
-                        float *logits)
+static enum status step_with(struct side *s, const int *act, int n, const int *len, const int32_t *tok, int rows,
+                             float *logits, const struct forward_batch *sampling)
 {
     int32_t pos[64], slots[64], q_start[N_SEQS + 1], seq_len[N_SEQS], table[N_SEQS * W], lrows[N_SEQS];
     int T = 0;
@@ -176,10 +184,16 @@ static enum status step(struct side *s, const int *act, int n, const int *len, c
         memcpy(table + i * W, s->table[q], sizeof s->table[q]);
         lrows[i] = T - 1;
     }
-    const struct forward_batch fb = {.n_tokens = T, .tokens = tok, .positions = pos, .slots = slots, .n_seqs = n,
-                                     .q_start = q_start, .seq_len = seq_len, .block_table = table,
-                                     .max_blocks = W, .n_logits = n, .logit_rows = lrows};
+    struct forward_batch fb = sampling ? *sampling : (struct forward_batch){0};
+    fb.n_tokens = T, fb.tokens = tok, fb.positions = pos, fb.slots = slots, fb.n_seqs = n, fb.q_start = q_start;
+    fb.seq_len = seq_len, fb.block_table = table, fb.max_blocks = W, fb.n_logits = n, fb.logit_rows = lrows;
     return model_forward(s->m, &s->cache, &fb, logits);
+}
+
+static enum status step(struct side *s, const int *act, int n, const int *len, const int32_t *tok, int rows,
+                        float *logits)
+{
+    return step_with(s, act, n, len, tok, rows, logits, NULL);
 }
 
 static int argmax(const float *v, int n)
@@ -264,6 +278,120 @@ static void run_model(struct backend *b, const char *dir, int none, int room, in
     side_close(&g), side_close(&e);
 }
 
+/* ---- a step's copies and the device's share of sampling (engine/model/device_sampling.c) ------ */
+
+#define TOPK 8
+
+/* Row x's TOPK largest (descending, lower id first on ties) against the device's, bit for bit. */
+static int top_matches(const float *x, int V, const float *val, const int32_t *ids)
+{
+    int prev = -1;
+    for (int k = 0; k < TOPK; k++) {
+        int best = -1;
+        for (int j = 0; j < V; j++) {
+            const int after = prev < 0 || x[j] < x[prev] || (x[j] == x[prev] && j > prev);
+            if (after && (best < 0 || x[j] > x[best])) best = j;
+        }
+        if (best < 0 || ids[k] != best || val[k] != x[best]) return 0;
+        prev = best;
+    }
+    return 1;
+}
+
+/* A model's decode steps of 3 sequences with the sampling on the device (greedy; the top
+ * candidates with masses, draws and normalisers; with edits and a mask), each beside the same
+ * step with its logits downloaded: the outputs against those logits, and the step's copies
+ * counted: its inputs in one upload, the sampling's in one more, its outputs in one download (and
+ * one more for the finiteness check before edits). */
+static void run_copies(struct backend *b, const char *dir)
+{
+    struct side g, e; /* sampled on the device; logits downloaded */
+    enum status st = side_open(&g, b, dir, "0", N_SEQS, 0);
+    if (st == STATUS_OK) st = side_open(&e, b, dir, "0", N_SEQS, 0);
+    if (st != STATUS_OK) return check(0, dir, status_message());
+    const int V = g.m->cfg.vocab_size;
+    float *le = malloc((size_t)N_SEQS * V * sizeof *le);
+    CHECK(le, "test: out of memory");
+    int len[N_SEQS] = {0}, act[N_SEQS] = {0, 1, 2}, ok_out = 1, ok_copies = 1;
+    int32_t tok[64];
+    char detail[256] = "";
+    for (int q = 0; q < N_SEQS && st == STATUS_OK; q++) {
+        for (int i = 0; i < 4; i++) tok[i] = (int32_t)((q * 7 + i * 13) % V);
+        st = step(&g, act + q, 1, len, tok, 4, le);
+        if (st == STATUS_OK) st = step(&e, act + q, 1, len, tok, 4, le);
+        len[q] = 4;
+    }
+    for (int mode = 0; mode < 3 && st == STATUS_OK; mode++) {
+        for (int i = 0; i < N_SEQS; i++) tok[i] = (int32_t)((mode * 5 + i * 11 + 1) % V);
+        if ((st = step(&e, act, N_SEQS, len, tok, 1, le)) != STATUS_OK) break;
+        int32_t greedy[N_SEQS], top_i[N_SEQS * TOPK], draw_ids[N_SEQS];
+        float top_v[N_SEQS * TOPK], mass[N_SEQS], lse[N_SEQS], margin[N_SEQS];
+        const float ones[N_SEQS] = {1, 1, 1}, temp[N_SEQS] = {0.8f, 1, 1.2f}, u[N_SEQS] = {0.1f, 0.5f, 0.9f};
+        const float top_p[N_SEQS] = {1, 0.9f, 0.5f};
+        /* mode 2: row 0's token 5 raised by 1000; row 2 keeps only tokens 3 and 9 */
+        const int32_t edit_rows[1] = {0}, edit_ids[1] = {5 % V}, mask_rows[1] = {2};
+        const float edit_vals[3] = {1000.0f, 1.0f, 0.0f};
+        const int words = (V + 31) / 32;
+        uint32_t *mask = calloc((size_t)words, sizeof *mask);
+        CHECK(mask, "test: out of memory");
+        mask[0] = (1u << 3) | (1u << 9);
+        int done = 0;
+        struct forward_batch sp = {.greedy_done = &done};
+        if (mode == 0) sp.greedy_ids = greedy;
+        else {
+            sp.top_k = TOPK, sp.top_values = top_v, sp.top_ids = top_i;
+            sp.top_inv_temp = ones, sp.top_mass = mass, sp.lse_want = ones, sp.top_lse = lse;
+            sp.draw_temp = temp, sp.draw_u = u, sp.draw_top_p = top_p, sp.draw_ids = draw_ids, sp.draw_margin = margin;
+        }
+        if (mode == 2) {
+            sp.n_edits = 1, sp.edit_rows = edit_rows, sp.edit_ids = edit_ids, sp.edit_vals = edit_vals;
+            sp.n_masks = 1, sp.mask_words = words, sp.mask_rows = mask_rows, sp.masks = mask;
+        }
+        const long up0 = b->n_uploads, down0 = b->n_downloads;
+        st = step_with(&g, act, N_SEQS, len, tok, 1, NULL, &sp);
+        const long ups = b->n_uploads - up0, downs = b->n_downloads - down0;
+        const long want_ups = mode == 0 ? 1 : 2, want_downs = mode == 2 ? 2 : 1;
+        if (ups != want_ups || downs != want_downs) {
+            ok_copies = 0;
+            snprintf(detail, sizeof detail, "mode %d: %ld uploads, %ld downloads (want %ld, %ld)", mode, ups, downs,
+                     want_ups, want_downs);
+        }
+        for (int i = 0; i < N_SEQS && st == STATUS_OK; i++) {
+            float *x = le + (size_t)i * V;
+            if (mode == 2 && i == 0) x[5 % V] += 1000.0f;
+            if (mode == 2 && i == 2)
+                for (int j = 0; j < V; j++) x[j] = j == 3 || j == 9 ? x[j] : -INFINITY;
+            int good = done == 1;
+            if (mode == 0) good = good && greedy[i] == argmax(x, V);
+            else {
+                double m = x[argmax(x, V)], sum = 0.0, within = 0.0;
+                for (int j = 0; j < V; j++) {
+                    const double w = exp((double)x[j] - m);
+                    sum += w;
+                    if ((double)x[j] - m >= log(1e-12)) within += w;
+                }
+                good = good && top_matches(x, V, top_v + i * TOPK, top_i + i * TOPK);
+                good = good && fabs(mass[i] - within) <= 1e-5 * within && fabs(lse[i] - log(sum)) <= 1e-5 * (1 + log(sum));
+                good = good && draw_ids[i] >= -1 && draw_ids[i] < V && (draw_ids[i] < 0 || x[draw_ids[i]] > -INFINITY);
+            }
+            if (!good) {
+                ok_out = 0;
+                snprintf(detail, sizeof detail, "mode %d row %d: the device's outputs differ from the logits'", mode, i);
+            }
+        }
+        free(mask);
+        for (int i = 0; i < N_SEQS; i++) len[i]++;
+    }
+    char what[256];
+    snprintf(what, sizeof what, "%s: sampled on the device, the logits' argmax, top %d, masses, normalisers", dir, TOPK);
+    check(st == STATUS_OK && ok_out, what, st == STATUS_OK ? detail : status_message());
+    snprintf(what, sizeof what, "%s: a sampled step's copies: inputs one upload, sampling one more, outputs one download",
+             dir);
+    check(st == STATUS_OK && ok_copies, what, detail);
+    free(le);
+    side_close(&g), side_close(&e);
+}
+
 /* SHARDLM_GRAPHS other than 0 or 1 is refused by name. */
 static void check_env_refused(struct backend *b, const char *dir)
 {
@@ -304,6 +432,7 @@ int step_graph_main(int argc, char **argv)
             run_model(b, argv[i], none, PAD_SEQS, 0);
             b->batch_invariant = invariant;
             if (!none && !mismatch_run++) run_model(b, argv[i], 0, PAD_SEQS, 1); /* the first model */
+            if (!none) run_copies(b, argv[i]);
             none = 0;
         }
     }

@@ -6,6 +6,7 @@
 #include "lora.h"
 #include "model_train.h"
 #include "moe.h"
+#include "device_sampling.h"
 #include "step_graph.h"
 
 #include <math.h>
@@ -54,7 +55,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     const int64_t T = max_tokens, d = c->d_model, hd = c->head_dim;
     const int64_t E = c->n_experts, TK = E ? T * c->n_experts_used : 0, moe_T = E ? T : 0;
     const int64_t epTK = m->ep_size > 1 ? TK : 0;
-    const int64_t top_k = model_top_width(c->vocab_size);
+    const size_t sample_out_bytes = device_sampling_out_bytes(max_logits, model_top_width(c->vocab_size));
     /* gate and up hold one expert's rows too (moe_ffn features) */
     const int64_t ffn = E && c->moe_ffn > m->ffn_local ? c->moe_ffn : m->ffn_local;
     const struct work_entry table[] = {
@@ -92,19 +93,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.q_start, DTYPE_I32, 1, {max_seqs + 1}},
         {&m->ws.seq_len, DTYPE_I32, 1, {max_seqs}},
         {&m->ws.block_table, DTYPE_I32, 2, {max_seqs, max_blocks}},
-        {&m->ws.greedy_ids, DTYPE_I32, 1, {max_logits}},
-        {&m->ws.top_values, DTYPE_F32, 2, {max_logits, top_k}},
-        {&m->ws.top_ids, DTYPE_I32, 2, {max_logits, top_k}},
-        {&m->ws.top_inv_temp, DTYPE_F32, 1, {max_logits}},
-        {&m->ws.top_mass, DTYPE_F32, 1, {max_logits}},
-        {&m->ws.draw_temp, DTYPE_F32, 1, {max_logits}},
-        {&m->ws.draw_u, DTYPE_F32, 1, {max_logits}},
-        {&m->ws.draw_top_p, DTYPE_F32, 1, {max_logits}},
-        {&m->ws.draw_ids, DTYPE_I32, 1, {max_logits}},
-        {&m->ws.draw_margin, DTYPE_F32, 1, {max_logits}},
-        {&m->ws.lse_want, DTYPE_F32, 1, {max_logits}},
-        {&m->ws.top_lse, DTYPE_F32, 1, {max_logits}},
-        {&m->ws.logits_ss, DTYPE_F32, 1, {1}},
+        {&m->ws.sample_out, DTYPE_I32, 1, {(int64_t)(sample_out_bytes / 4)}},
         {&m->ws.lse, DTYPE_F32, 2, {T, m->n_heads_local}},
         {&m->ws.type_ids, DTYPE_I32, 1, {c->type_vocab_size > 0 ? T : 0}},
         {&m->ws.x_f32, DTYPE_F32, 2, {m->dtype != DTYPE_F32 ? T : 0, d}},
@@ -137,6 +126,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     m->ws.max_seqs = max_seqs;
     m->ws.max_blocks = max_blocks;
     m->ws.max_logits = max_logits;
+    m->ws.sample_out_bytes = sample_out_bytes;
     if (E) {
         free(m->ws.moe_host_logits);
         free(m->ws.moe_host_ids);
@@ -222,7 +212,7 @@ void model_free(struct model *m)
     free(m->ws.ep_host_count);
     free((void *)m->ws.moe_load);
     backend_host_free(m->b, m->ws.host_logits);
-    backend_free(m->b, m->ws.edits);
+    device_sampling_free(m);
     checkpoint_close(m->checkpoint);
     free(m);
 }
@@ -390,111 +380,6 @@ static const float *f32_rows(struct model *m, const struct tensor *x, int64_t fi
     return dst.data;
 }
 
-/* forward_batch's edits, then its masks, on the step's logits full, in f32 (a copy in logits_f32
- * when they are not: *full then names it). Returns 0 when their device buffer could not grow. */
-static int edit_on_device(struct model *m, const struct forward_batch *fb, struct tensor *full)
-{
-    struct backend *b = m->b;
-    const size_t ne = (size_t)fb->n_edits * sizeof(int32_t), nm = (size_t)fb->n_masks * sizeof(int32_t);
-    const size_t nw = nm * (size_t)fb->mask_words, need = 5 * ne + nm + nw;
-    if (need > m->ws.edits_bytes) {
-        backend_free(b, m->ws.edits);
-        m->ws.edits = NULL, m->ws.edits_bytes = 0;
-        if (backend_alloc(b, need, &m->ws.edits) != STATUS_OK) return 0;
-        m->ws.edits_bytes = need;
-    }
-    if (full->dtype != DTYPE_F32) { /* edited as the host edits them: in f32 */
-        struct tensor lg32 = tensor_make(m->ws.logits_f32.data, DTYPE_F32, b->device, 2, tensor_rows(full),
-                                         tensor_cols(full));
-        op_cast(b, &lg32, full);
-        *full = lg32;
-    }
-    char *e = m->ws.edits;
-    struct tensor rows = tensor_make(e, DTYPE_I32, b->device, 1, (int64_t)fb->n_edits);
-    struct tensor ids = tensor_make(e + ne, DTYPE_I32, b->device, 1, (int64_t)fb->n_edits);
-    struct tensor vals = tensor_make(e + 2 * ne, DTYPE_F32, b->device, 2, (int64_t)fb->n_edits, (int64_t)3);
-    struct tensor mrows = tensor_make(e + 5 * ne, DTYPE_I32, b->device, 1, (int64_t)fb->n_masks);
-    struct tensor masks = tensor_make(e + 5 * ne + nm, DTYPE_I32, b->device, 2, (int64_t)fb->n_masks,
-                                      (int64_t)fb->mask_words);
-    if (fb->n_edits > 0) {
-        backend_upload(b, rows.data, fb->edit_rows, ne);
-        backend_upload(b, ids.data, fb->edit_ids, ne);
-        backend_upload(b, vals.data, fb->edit_vals, 3 * ne);
-        op_logit_edit(b, full, &rows, &ids, &vals);
-    }
-    if (fb->n_masks > 0) {
-        backend_upload(b, mrows.data, fb->mask_rows, nm);
-        backend_upload(b, masks.data, fb->masks, nw);
-        op_logit_mask(b, full, &mrows, &masks);
-    }
-    m->ws.logits_edited = 1;
-    return 1;
-}
-
-/* The device's share of sampling (forward_batch.greedy_ids / top_k): edits, then the argmax or
- * the top candidates with their masses and draws, downloaded. Returns 1 when done, 0 when a logit
- * is not finite (the caller downloads the rows, unedited), -1 when the edits found no memory. */
-static int sample_on_device(struct model *m, const struct forward_batch *fb, struct tensor *full)
-{
-    struct backend *b = m->b;
-    CHECK(fb->top_k <= tensor_cols(&m->ws.top_ids), "forward batch: top_k %d of at most %lld", fb->top_k,
-          (long long)tensor_cols(&m->ws.top_ids));
-    float ss = 0.0f;
-    backend_memset_zero(b, m->ws.logits_ss.data, sizeof ss);
-    op_sum_squares(b, &m->ws.logits_ss, full);
-    const int edited = fb->n_edits > 0 || fb->n_masks > 0;
-    if (edited) { /* only over finite logits: else the host samples the rows as they came */
-        backend_download(b, &ss, m->ws.logits_ss.data, sizeof ss);
-        if (!isfinite(ss)) return 0;
-        if (!edit_on_device(m, fb, full)) return -1;
-    }
-    struct tensor ids_dev = tensor_first_rows(&m->ws.greedy_ids, fb->n_logits);
-    struct tensor top_v = tensor_make(m->ws.top_values.data, DTYPE_F32, b->device, 2, (int64_t)fb->n_logits, fb->top_k);
-    struct tensor top_i = tensor_make(m->ws.top_ids.data, DTYPE_I32, b->device, 2, (int64_t)fb->n_logits, fb->top_k);
-    struct tensor mass = tensor_first_rows(&m->ws.top_mass, fb->n_logits);
-    if (fb->top_k > 0 && fb->top_mass) {
-        struct tensor inv_temp = tensor_first_rows(&m->ws.top_inv_temp, fb->n_logits);
-        backend_upload(b, inv_temp.data, fb->top_inv_temp, tensor_nbytes(&inv_temp));
-        op_logit_mass(b, &mass, full, &inv_temp);
-    }
-    struct tensor draw_ids = tensor_first_rows(&m->ws.draw_ids, fb->n_logits);
-    struct tensor draw_margin = tensor_first_rows(&m->ws.draw_margin, fb->n_logits);
-    if (fb->top_k > 0 && fb->draw_ids) {
-        struct tensor temp = tensor_first_rows(&m->ws.draw_temp, fb->n_logits);
-        struct tensor u = tensor_first_rows(&m->ws.draw_u, fb->n_logits);
-        backend_upload(b, temp.data, fb->draw_temp, tensor_nbytes(&temp));
-        backend_upload(b, u.data, fb->draw_u, tensor_nbytes(&u));
-        struct tensor top_p = tensor_first_rows(&m->ws.draw_top_p, fb->n_logits);
-        if (fb->draw_top_p) backend_upload(b, top_p.data, fb->draw_top_p, tensor_nbytes(&top_p));
-        op_logit_draw(b, &draw_ids, &draw_margin, full, &temp, fb->draw_top_p ? &top_p : NULL, &u);
-    }
-    struct tensor lse = tensor_first_rows(&m->ws.top_lse, fb->n_logits);
-    if (fb->top_k > 0 && fb->top_lse) {
-        struct tensor want = tensor_first_rows(&m->ws.lse_want, fb->n_logits);
-        backend_upload(b, want.data, fb->lse_want, tensor_nbytes(&want));
-        op_logit_lse(b, &lse, full, &want);
-    }
-    if (fb->top_k > 0) op_topk(b, &top_v, &top_i, full);
-    else op_argmax(b, &ids_dev, full);
-    if (!edited) {
-        backend_download(b, &ss, m->ws.logits_ss.data, sizeof ss);
-        if (!isfinite(ss)) return 0;
-    }
-    if (fb->top_k > 0) {
-        backend_download(b, fb->top_values, top_v.data, tensor_nbytes(&top_v));
-        backend_download(b, fb->top_ids, top_i.data, tensor_nbytes(&top_i));
-        if (fb->top_mass) backend_download(b, fb->top_mass, mass.data, tensor_nbytes(&mass));
-        if (fb->top_lse) backend_download(b, fb->top_lse, lse.data, tensor_nbytes(&lse));
-        if (fb->draw_ids) {
-            backend_download(b, fb->draw_ids, draw_ids.data, tensor_nbytes(&draw_ids));
-            backend_download(b, fb->draw_margin, draw_margin.data, tensor_nbytes(&draw_margin));
-        }
-    } else
-        backend_download(b, fb->greedy_ids, ids_dev.data, tensor_nbytes(&ids_dev));
-    *fb->greedy_done = 1;
-    return 1;
-}
-
 /* The stage's ops of a step: its input rows (the embedding, or the previous stage's), then its
  * layers, into ws.x. */
 static enum status stage_ops(struct serve_ctx *sc)
@@ -635,7 +520,7 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
     if (fb->greedy_done) *fb->greedy_done = 0;
     m->ws.logits_edited = 0;
     if ((fb->greedy_ids || fb->top_k > 0) && tensor_cols(&full) == V) {
-        const int done = sample_on_device(m, fb, &full);
+        const int done = device_sampling_run(m, fb, &full);
         if (done < 0) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of device memory for %d logit edits "
                                            "and %d masks", fb->n_edits, fb->n_masks);
         if (done) return STATUS_OK;

@@ -66,16 +66,17 @@ struct model_workspace {
     struct tensor logits_f32;      /* (max_logits, tp * vocab_local) f32, when dtype != f32 */
     float *host_logits;            /* (max_logits, tp * vocab_local) host, when padded (tp > 1) */
     struct tensor tokens, positions, slots, logit_rows; /* i32 (max_tokens) */
-    struct tensor greedy_ids;      /* i32 (max_logits): argmax of each logits row (greedy_ids) */
-    struct tensor top_values, top_ids; /* f32 / i32 (max_logits, MODEL_MAX_TOP_K or the vocabulary) */
-    struct tensor top_inv_temp, top_mass; /* f32 (max_logits): forward_batch.top_inv_temp, top_mass */
-    struct tensor draw_temp, draw_u, draw_top_p, draw_ids, draw_margin; /* (max_logits): forward_batch.draw_* */
-    struct tensor lse_want, top_lse;   /* f32 (max_logits): forward_batch.lse_want, top_lse */
-    void  *edits;                  /* forward_batch's edits and masks on the device, grown as asked */
-    size_t edits_bytes;
+    /* The device's share of sampling (device_sampling.c), each laid out per step: its outputs (the
+     * logits' sum of squares, the argmax or the top candidates, masses, draws, normalisers) in
+     * sample_out (sample_out_bytes, sized by model_reserve), its inputs (forward_batch's
+     * temperatures, uniforms, top_p, lse_want, edits and masks) in sample_in (device, grown as
+     * asked), both passing through host_sample (page-locked where the backend can). */
+    struct tensor sample_out;      /* i32 (sample_out_bytes / 4) */
+    size_t sample_out_bytes;
+    void  *sample_in, *host_sample;
+    size_t sample_in_bytes, host_sample_bytes;
     int    logits_edited;          /* the last step's logits rows were edited: logits_f32 holds them (dtype
                                       != f32), or the logits themselves (f32) */
-    struct tensor logits_ss;       /* f32 (1): sum of squares of the logits (a finiteness check) */
     struct tensor lse;             /* f32 (max_tokens, heads_local): model_embed's attention statistics */
     struct tensor type_ids;        /* i32 (max_tokens), all 0: the one segment's token type (BERT) */
     struct tensor x_f32;           /* (max_tokens, d_model) f32, when dtype != f32: model_embed's rows for the host */

@@ -2,8 +2,8 @@
  * that its sampled rows need not come to the host: the step's grade (argmax, top candidates, or
  * whole rows), the edits of single logits (a logit bias, banned ids, penalties) and constraint
  * masks made there first, and each row's mass, draw or log-probabilities' normaliser. The forward
- * pass that carries them: conductor_ranks.c run_forward, model.c sample_on_device; the tokens taken
- * from them: conductor_sample.c take_top.
+ * pass that carries them: conductor_ranks.c run_forward, engine/model/device_sampling.c (in one
+ * upload and one download); the tokens taken from them: conductor_sample.c take_top.
  * Tests: tests/server/test_device_sampling.py, tests/test_sampler.c, tools/gpu_paths.sh. */
 #include "conductor_impl.h"
 
