@@ -521,8 +521,8 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
     m->ws.logits_edited = 0;
     if ((fb->greedy_ids || fb->top_k > 0) && tensor_cols(&full) == V) {
         const int done = device_sampling_run(m, fb, &full);
-        if (done < 0) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of device memory for %d logit edits "
-                                           "and %d masks", fb->n_edits, fb->n_masks);
+        if (done < 0) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of memory for the sampling's inputs "
+                                           "(%d logit edits, %d masks)", fb->n_edits, fb->n_masks);
         if (done) return STATUS_OK;
     }
     const float *host_src = f32_rows(m, &full, 0, fb->n_logits);

@@ -12,7 +12,8 @@
  *   (max, sum, acc) and a combine kernel merges them by log-sum-exp. It handles any batch (one
  *   query row at a time), but is chosen for decode batches (attention_batch.decode_only) with
  *   head_dim a multiple of 8; SHARDLM_CUDA_ATTENTION=simple|split (enum cuda_attention_mode)
- *   forces one or the other. It has NOT run on a GPU yet (docs/cuda.md).
+ *   forces one or the other. It ran on an H100 (2026-11-28) and an H200 (2026-12-04;
+ *   docs/cuda.md).
  * Like the CPU reference, both scale q before the dot products and output acc * (1 / sum).
  * Attention sinks (attention_batch.sinks, GPT-OSS) join the denominator once per query vector:
  * in attention_kernel's merge of its warps, in the split-K kernel's merge when it has one split
@@ -21,7 +22,9 @@
  * A third, for prefill chunks and mixed batches where it fits (16-bit, head_dim 32, 64 or 128):
  * the tensor-core forward of the training attention reading K and V through the block table
  * (cuda_attention_prefill_tc, attention_train_tc.cu; SHARDLM_CUDA_ATTENTION=tc forces it on decode
- * batches too). Written 2026-12-07, NOT yet run on a GPU.
+ * batches too). Written 2026-12-07, NOT yet run on a GPU: by default its first batch of each dtype
+ * and head_dim also runs the simple kernel and keeps it there and from then on if the two
+ * disagree (tc_prefill_first).
  * Not here: writing the cache (kv_write.cu).
  * Tests: tests/test_ops.c --backend cuda (prefill, decode, mixed batches, GQA, windows, block
  * sizes that do not divide the length, head_dim up to 256; "split decode" cases for the
@@ -29,6 +32,8 @@
  * ctest runs the attention cases again with each kernel forced); benchmark:
  * tests/bench_cuda.c (both kernels against the device's copy bandwidth). */
 #include <limits.h>
+#include <math.h>
+#include <stdlib.h>
 
 #include "attention_train.cuh"
 #include "cuda_common.cuh"
@@ -541,6 +546,87 @@ static void attention_decode_split_k(struct backend *b, struct cuda_state *st,
     else attention_decode_split_k_launch<T, 8>(b, st, out, q, k_cache, v_cache, batch);
 }
 
+/* The simple kernel: one thread block per (row, head) item (attention_kernel). */
+static void attention_simple(struct cuda_state *s, const struct tensor *out, const struct tensor *q,
+                             const struct tensor *k_cache, const struct tensor *v_cache,
+                             const struct attention_batch *batch)
+{
+    const int64_t n = q->shape[0], n_heads = q->shape[1], head_dim = q->shape[2], n_kv_heads = k_cache->shape[2];
+    CUDA_DISPATCH_FLOAT(q->dtype, T,
+        attention_kernel<T><<<cuda_blocks_for(n * n_heads, 1), ATTENTION_THREADS, 0,
+                              s->stream>>>(
+            (T *)out->data, (const T *)q->data, (const T *)k_cache->data,
+            (const T *)v_cache->data, (const int32_t *)batch->q_start.data,
+            (const int32_t *)batch->seq_len.data, (const int32_t *)batch->block_table.data, n,
+            (int)n_heads, (int)n_kv_heads, (int)head_dim, k_cache->shape[0], batch->n_seqs,
+            batch->block_tokens, batch->max_blocks, batch->scale, batch->window, batch->softcap,
+            (const float *)batch->sinks.data);
+        LAUNCH_CHECK());
+}
+
+/* The tensor-core prefill (attention_train_tc.cu) had not run on a GPU when it became the
+ * default (docs/cuda.md): the first batch it takes for each dtype and head_dim also runs the
+ * simple kernel and compares. Within 3e-2 of the simple output's largest magnitude (the tensor
+ * cores round the probabilities to 16 bits before P V; a wrong tile or key address is off by the
+ * output's own size) it is kept; else logged and the simple kernel's output kept, and the simple
+ * kernel serves that dtype and head_dim from then on. Returns 0 when the tensor-core kernel does
+ * not take the batch (or the check found no memory): the caller runs the simple one. */
+static int tc_prefill_first(struct backend *b, struct cuda_state *s, int *state, const struct tensor *out,
+                            const struct tensor *q, const struct tensor *k_cache, const struct tensor *v_cache,
+                            const struct attention_batch *batch)
+{
+    const size_t bytes = tensor_nbytes(out), n = (size_t)tensor_numel(out);
+    void *ref = NULL;
+    char *host = (char *)malloc(2 * bytes);
+    if (!host || cudaMalloc(&ref, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        free(host);
+        return 0;
+    }
+    struct tensor ref_t = *out;
+    ref_t.data = ref;
+    attention_simple(s, &ref_t, q, k_cache, v_cache, batch);
+    if (!cuda_attention_prefill_tc(b, out, q, k_cache, v_cache, batch)) {
+        CUDA_CHECK(cudaFree(ref));
+        free(host);
+        return 0;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(host, out->data, bytes, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaMemcpyAsync(host + bytes, ref, bytes, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    double diff = 0.0, scale = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double x = dtype_load_f32(host, out->dtype, i), y = dtype_load_f32(host + bytes, out->dtype, i);
+        if (isnan(x) != isnan(y)) diff = INFINITY;
+        else if (!isnan(x)) diff = fmax(diff, fabs(x - y)), scale = fmax(scale, fabs(y));
+    }
+    const int agree = diff <= 3e-2 * scale + 1e-6;
+    *state = agree ? 1 : -1;
+    if (agree)
+        LOG_INFO("cuda", "prefill attention on the tensor cores (%s, head_dim %lld) agreed with the simple kernel on "
+                 "its first batch: max |diff| %.3g of %.3g", dtype_name(q->dtype), (long long)q->shape[2], diff, scale);
+    else {
+        LOG_WARN("cuda", "prefill attention on the tensor cores (%s, head_dim %lld) gave max |diff| %.3g against the "
+                 "simple kernel (outputs up to %.3g) on its first batch: the simple kernel serves it from now on",
+                 dtype_name(q->dtype), (long long)q->shape[2], diff, scale);
+        CUDA_CHECK(cudaMemcpyAsync(out->data, ref, bytes, cudaMemcpyDeviceToDevice, s->stream));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s->stream)); /* the copy read ref, which goes now */
+    CUDA_CHECK(cudaFree(ref));
+    free(host);
+    return 1;
+}
+
+/* The tensor-core prefill's check state for q's dtype and head_dim, or NULL where it does not
+ * take them. */
+static int *tc_prefill_state(struct cuda_state *s, const struct tensor *q)
+{
+    const int64_t hd = q->shape[2];
+    const int d = q->dtype == DTYPE_BF16 ? 0 : q->dtype == DTYPE_F16 ? 1 : -1;
+    const int h = hd == 32 ? 0 : hd == 64 ? 1 : hd == 128 ? 2 : -1;
+    return d >= 0 && h >= 0 ? &s->tc_prefill_state[d][h] : NULL;
+}
+
 /* out, q (n, n_heads, head_dim); k_cache, v_cache (n_blocks, block_tokens, n_kv_heads,
  * head_dim); head_dim <= ATTENTION_MAX_HEAD_DIM. Picks the kernel by enum cuda_attention_mode
  * and the batch's decode_only hint. */
@@ -570,17 +656,12 @@ void cuda_attention(struct backend *b, const struct tensor *out, const struct te
     }
     /* Prefill chunks and mixed batches on the tensor cores where they fit (16-bit, head_dim 32,
      * 64 or 128): the training forward's tiles, keys read through the block table. */
-    const int want_tc = s->attention_mode == CUDA_ATTENTION_TC ||
-                        (s->attention_mode == CUDA_ATTENTION_AUTO && !batch->decode_only);
-    if (want_tc && cuda_attention_prefill_tc(b, out, q, k_cache, v_cache, batch)) return;
-    CUDA_DISPATCH_FLOAT(q->dtype, T,
-        attention_kernel<T><<<cuda_blocks_for(n * n_heads, 1), ATTENTION_THREADS, 0,
-                              s->stream>>>(
-            (T *)out->data, (const T *)q->data, (const T *)k_cache->data,
-            (const T *)v_cache->data, (const int32_t *)batch->q_start.data,
-            (const int32_t *)batch->seq_len.data, (const int32_t *)batch->block_table.data, n,
-            (int)n_heads, (int)n_kv_heads, (int)head_dim, k_cache->shape[0], batch->n_seqs,
-            batch->block_tokens, batch->max_blocks, batch->scale, batch->window, batch->softcap,
-            (const float *)batch->sinks.data);
-        LAUNCH_CHECK());
+    /* SHARDLM_CUDA_ATTENTION=tc forces it unchecked (the tests of the kernel itself); auto checks
+     * its first batch of each dtype and head_dim (never inside a graph's capture). */
+    if (s->attention_mode == CUDA_ATTENTION_TC && cuda_attention_prefill_tc(b, out, q, k_cache, v_cache, batch))
+        return;
+    int *tc = s->attention_mode == CUDA_ATTENTION_AUTO && !batch->decode_only ? tc_prefill_state(s, q) : NULL;
+    if (tc && *tc == 1 && cuda_attention_prefill_tc(b, out, q, k_cache, v_cache, batch)) return;
+    if (tc && *tc == 0 && !s->capturing && tc_prefill_first(b, s, tc, out, q, k_cache, v_cache, batch)) return;
+    attention_simple(s, out, q, k_cache, v_cache, batch);
 }

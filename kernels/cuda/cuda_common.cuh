@@ -83,6 +83,10 @@ struct cuda_state {
     int            gemv_split; /* see CUDA_GEMV_SPLIT_DEFAULT */
     int            train_attention_tc; /* 0 CUDA cores, 1 tensor cores where they fit, 2 forced (head_dim 96 too):
                                           CUDA_TRAIN_ATTENTION_TC_DEFAULT (ops.h) */
+    /* Serving's prefill attention on the tensor cores, per dtype (bf16, f16) and head_dim (32, 64,
+     * 128): 0 not yet checked, 1 its first batch agreed with the simple kernel, -1 it did not (the
+     * simple kernel from then on). attention.cu tc_prefill_first. */
+    int            tc_prefill_state[2][3];
     cudaStream_t   stream;
     cublasHandle_t cublas; /* bound to stream; created, used and destroyed only by matmul.cu */
     void          *cublas_workspace; /* cuBLAS's workspace, ours (matmul.cu: none allocated in a capture) */
