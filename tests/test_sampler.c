@@ -592,6 +592,32 @@ static void check_nucleus_draw(void)
     sampler_free(&whole);
 }
 
+/* Backends whose draws are wrong: the CPU op's, each token moved by one, on every call (wrong_all)
+ * or only on calls with top_p (the nucleus: wrong_nucleus). */
+static const struct backend_ops *cpu_ops;
+
+static void move_tokens(const struct tensor *ids, const struct tensor *x)
+{
+    int32_t *id = ids->data;
+    for (int64_t i = 0; i < tensor_numel(ids); i++)
+        if (id[i] >= 0) id[i] = (int32_t)((id[i] + 1) % tensor_cols(x));
+}
+
+static void wrong_all(struct backend *b, const struct tensor *ids, const struct tensor *margin, const struct tensor *x,
+                      const struct tensor *temp, const struct tensor *top_p, const struct tensor *u)
+{
+    cpu_ops->logit_draw(b, ids, margin, x, temp, top_p, u);
+    move_tokens(ids, x);
+}
+
+static void wrong_nucleus(struct backend *b, const struct tensor *ids, const struct tensor *margin,
+                          const struct tensor *x, const struct tensor *temp, const struct tensor *top_p,
+                          const struct tensor *u)
+{
+    cpu_ops->logit_draw(b, ids, margin, x, temp, top_p, u);
+    if (top_p) move_tokens(ids, x);
+}
+
 /* Every way's decided draws are the host's at its tolerance (the exact one where the weights are
  * the host's bits; nearly every draw decided there), and its margins within the bound its
  * tolerance assumes (1.2e-10 of the total, 8.4e-7); weights 3 ulp off move them past the exact
@@ -649,6 +675,19 @@ static void check_draw(void)
     char what[160];
     snprintf(what, sizeof what, "sampler_draw_tolerance: the CPU backend's weights are the host's bits (%g)", tol);
     check(tol == SAMPLER_DRAW_TOL_EXACT, what, NULL);
+    /* a backend whose draws are not the host's tokens is refused: no draw taken */
+    cpu_ops = b->ops;
+    struct backend_ops wrong = *b->ops;
+    const char *wrong_names[] = {"every draw", "only nucleus draws"};
+    for (int k = 0; k < 2; k++) {
+        wrong.logit_draw = k == 0 ? wrong_all : wrong_nucleus;
+        b->ops = &wrong;
+        const double t = sampler_draw_tolerance(b);
+        b->ops = cpu_ops;
+        snprintf(what, sizeof what, "sampler_draw_tolerance: a backend with %s a token off is refused (%g)",
+                 wrong_names[k], t);
+        check(isinf(t), what, NULL);
+    }
     backend_close(b);
     sampler_free(&whole);
 }

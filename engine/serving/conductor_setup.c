@@ -6,6 +6,7 @@
  * Tests: tests/test_engine.c and every server test. */
 #include "conductor_impl.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,10 +177,14 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
         c->draw_tol = sampler_draw_tolerance(c->b);
         const char *draw_tol = getenv("SHARDLM_TEST_DRAW_TOL"); /* a test's: more draws fetched */
         if (draw_tol && *draw_tol) c->draw_tol = atof(draw_tol);
-        LOG_INFO(MODULE, "plain temperature draws on the device: %s (taken at least %g inside their token)",
-                 c->draw_tol == SAMPLER_DRAW_TOL_EXACT ? "its weights are the host's bits" :
-                 c->draw_tol == SAMPLER_DRAW_TOL ? "its weights differ from the host's in last bits" : "a test's tolerance",
-                 c->draw_tol);
+        if (isinf(c->draw_tol))
+            LOG_WARN(MODULE, "draws on the device gave tokens other than the host's on calibration rows: none is "
+                             "taken, every such row is fetched whole and sampled on the host");
+        else
+            LOG_INFO(MODULE, "plain temperature draws on the device: %s (taken at least %g inside their token)",
+                     c->draw_tol == SAMPLER_DRAW_TOL_EXACT ? "its weights are the host's bits" :
+                     c->draw_tol == SAMPLER_DRAW_TOL ? "its weights differ from the host's in last bits" :
+                     "a test's tolerance", c->draw_tol);
     }
     const size_t V = (size_t)cfg->vocab_size;
     void *logits = NULL; /* every step downloads into it: page-locked on CUDA */

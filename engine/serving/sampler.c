@@ -437,7 +437,8 @@ int32_t sampler_draw(struct sampler *s, const float *logits, float temperature, 
 
 /* Calibration rows: CAL_ROWS of CAL_V logits, each with 64 tokens within 1 of its top (so that one
  * weight off by an ulp moves the margins by about 1e-9, far above the 5e-13 that the sums' order
- * can), temperatures and uniforms spread over their ranges (u near 0 and near 1 included). */
+ * can), temperatures and uniforms spread over their ranges (u near 0 and near 1 included). The
+ * same rows again with top_p (the nucleus draw), their uniforms the first of a random stream. */
 #define CAL_ROWS 16
 #define CAL_V 4096
 #define CAL_EXACT 1e-11
@@ -445,20 +446,27 @@ int32_t sampler_draw(struct sampler *s, const float *logits, float temperature, 
 double sampler_draw_tolerance(struct backend *b)
 {
     struct sampler s = {0};
-    float *x = malloc((size_t)CAL_ROWS * CAL_V * sizeof *x), t[CAL_ROWS], u[CAL_ROWS], margin[CAL_ROWS];
-    int32_t ids[CAL_ROWS];
+    float *x = malloc((size_t)CAL_ROWS * CAL_V * sizeof *x), *row = malloc((size_t)CAL_V * sizeof *row);
+    float t[CAL_ROWS], u[CAL_ROWS], u_nuc[CAL_ROWS], top_p[CAL_ROWS], margin[CAL_ROWS], margin_nuc[CAL_ROWS];
+    int32_t ids[CAL_ROWS], ids_nuc[CAL_ROWS];
+    struct rng streams[CAL_ROWS];
     void *dev = NULL;
     const size_t nx = (size_t)CAL_ROWS * CAL_V * sizeof *x, n1 = CAL_ROWS * sizeof(float);
     double tol = SAMPLER_DRAW_TOL;
-    if (!x || sampler_init(&s, CAL_V) != STATUS_OK || backend_alloc(b, nx + 4 * n1, &dev) != STATUS_OK) goto done;
+    if (!x || !row || sampler_init(&s, CAL_V) != STATUS_OK || backend_alloc(b, nx + 8 * n1, &dev) != STATUS_OK)
+        goto done;
     struct rng g;
     rng_seed(&g, 20261206);
     for (int i = 0; i < CAL_ROWS; i++) {
-        float *row = x + (size_t)i * CAL_V;
-        for (int j = 0; j < CAL_V; j++) row[j] = -4.0f - 8.0f * rng_uniform(&g);
-        for (int j = 0; j < 64; j++) row[(j * 61 + i * 7) % CAL_V] = rng_uniform(&g);
+        float *r = x + (size_t)i * CAL_V;
+        for (int j = 0; j < CAL_V; j++) r[j] = -4.0f - 8.0f * rng_uniform(&g);
+        for (int j = 0; j < 64; j++) r[(j * 61 + i * 7) % CAL_V] = rng_uniform(&g);
         t[i] = 0.4f + 0.1f * (float)i;
         u[i] = i == 0 ? 0.0f : i == CAL_ROWS - 1 ? 1.0f - 1.0f / 16777216.0f : rng_uniform(&g);
+        top_p[i] = 0.3f + 0.045f * (float)i; /* 0.3 .. 0.975 */
+        rng_seed(&streams[i], 7000 + (uint64_t)i);
+        struct rng copy = streams[i];
+        u_nuc[i] = rng_uniform(&copy); /* as the conductor takes it (conductor_device.c) */
     }
     char *d = dev;
     struct tensor tx = tensor_make(d, DTYPE_F32, b->device, 2, (int64_t)CAL_ROWS, (int64_t)CAL_V);
@@ -466,23 +474,40 @@ double sampler_draw_tolerance(struct backend *b)
     struct tensor tu = tensor_make(d + nx + n1, DTYPE_F32, b->device, 1, (int64_t)CAL_ROWS);
     struct tensor ti = tensor_make(d + nx + 2 * n1, DTYPE_I32, b->device, 1, (int64_t)CAL_ROWS);
     struct tensor tm = tensor_make(d + nx + 3 * n1, DTYPE_F32, b->device, 1, (int64_t)CAL_ROWS);
+    struct tensor tun = tensor_make(d + nx + 4 * n1, DTYPE_F32, b->device, 1, (int64_t)CAL_ROWS);
+    struct tensor tp = tensor_make(d + nx + 5 * n1, DTYPE_F32, b->device, 1, (int64_t)CAL_ROWS);
+    struct tensor tin = tensor_make(d + nx + 6 * n1, DTYPE_I32, b->device, 1, (int64_t)CAL_ROWS);
+    struct tensor tmn = tensor_make(d + nx + 7 * n1, DTYPE_F32, b->device, 1, (int64_t)CAL_ROWS);
     backend_upload(b, tx.data, x, nx);
     backend_upload(b, tt.data, t, n1);
     backend_upload(b, tu.data, u, n1);
+    backend_upload(b, tun.data, u_nuc, n1);
+    backend_upload(b, tp.data, top_p, n1);
     op_logit_draw(b, &ti, &tm, &tx, &tt, NULL, &tu);
+    op_logit_draw(b, &tin, &tmn, &tx, &tt, &tp, &tun);
     backend_download(b, ids, ti.data, n1);
     backend_download(b, margin, tm.data, n1);
-    int exact = 1;
-    for (int i = 0; i < CAL_ROWS && exact; i++) {
+    backend_download(b, ids_nuc, tin.data, n1);
+    backend_download(b, margin_nuc, tmn.data, n1);
+    int exact = 1, wrong = 0;
+    for (int i = 0; i < CAL_ROWS; i++) {
         double want = 0.0;
         const int32_t id = sampler_draw(&s, x + (size_t)i * CAL_V, t[i], u[i], &want);
-        exact = id == ids[i] && want >= 0.0 && fabs((double)margin[i] - want) <= CAL_EXACT + 1e-7 * want;
+        exact = exact && id == ids[i] && want >= 0.0 && fabs((double)margin[i] - want) <= CAL_EXACT + 1e-7 * want;
+        /* a draw the conductor would take at the wider tolerance must be the host's token */
+        wrong = wrong || (ids[i] >= 0 && margin[i] >= SAMPLER_DRAW_TOL && ids[i] != id);
+        struct sampling_params p = sampling_params_default();
+        p.temperature = t[i], p.top_p = top_p[i];
+        memcpy(row, x + (size_t)i * CAL_V, (size_t)CAL_V * sizeof *row);
+        const int32_t nuc = sampler_sample(&s, &p, &streams[i], row, NULL, 0, NULL, 0);
+        wrong = wrong || (ids_nuc[i] >= 0 && margin_nuc[i] >= SAMPLER_DRAW_TOL && ids_nuc[i] != nuc);
     }
-    tol = exact ? SAMPLER_DRAW_TOL_EXACT : SAMPLER_DRAW_TOL;
+    tol = wrong ? INFINITY : exact ? SAMPLER_DRAW_TOL_EXACT : SAMPLER_DRAW_TOL;
 done:
     backend_free(b, dev);
     sampler_free(&s);
     free(x);
+    free(row);
     return tol;
 }
 

@@ -110,7 +110,10 @@ int         sampler_draw_fits(const struct sampling_params *p);
 int32_t     sampler_draw(struct sampler *s, const float *logits, float temperature, float u, double *margin);
 /* Runs op_logit_draw on backend b over a few calibration rows and compares its tokens and margins
  * with sampler_draw's: SAMPLER_DRAW_TOL_EXACT where they agree as only the sums' order allows (b's
- * weights are this host's bits), else SAMPLER_DRAW_TOL. */
+ * weights are this host's bits), else SAMPLER_DRAW_TOL; INFINITY (no draw ever taken: every such
+ * row fetched whole) where a draw that SAMPLER_DRAW_TOL would take, plain or with top_p (the
+ * nucleus, against sampler_sample's token from the same random stream), is not the host's token:
+ * b's draws are wrong. */
 struct backend;
 double      sampler_draw_tolerance(struct backend *b);
 
