@@ -618,6 +618,80 @@ static void wrong_nucleus(struct backend *b, const struct tensor *ids, const str
     if (top_p) move_tokens(ids, x);
 }
 
+/* sampler_device_check: the CPU backend agrees; a CPU backend with one of the ops made wrong
+ * (its first output moved) is refused, naming the op. */
+static void spoil(const struct tensor *t)
+{
+    if (t->dtype == DTYPE_I32) ((int32_t *)t->data)[0] += 1;
+    else ((float *)t->data)[0] += 0.5f;
+}
+
+static void bad_edit(struct backend *b, const struct tensor *x, const struct tensor *rows, const struct tensor *ids,
+                     const struct tensor *vals)
+{
+    cpu_ops->logit_edit(b, x, rows, ids, vals);
+    ((float *)x->data)[(size_t)((int32_t *)ids->data)[1]] += 0.5f; /* row 0's second edit */
+}
+
+static void bad_mask(struct backend *b, const struct tensor *x, const struct tensor *rows, const struct tensor *mask)
+{
+    cpu_ops->logit_mask(b, x, rows, mask);
+    ((float *)x->data)[(size_t)((int32_t *)rows->data)[0] * (size_t)tensor_cols(x) + 2] = 0.0f; /* a masked token kept */
+}
+
+static void bad_mass(struct backend *b, const struct tensor *mass, const struct tensor *x, const struct tensor *w)
+{
+    cpu_ops->logit_mass(b, mass, x, w);
+    spoil(mass);
+}
+
+static void bad_lse(struct backend *b, const struct tensor *lse, const struct tensor *x, const struct tensor *want)
+{
+    cpu_ops->logit_lse(b, lse, x, want);
+    spoil(lse);
+}
+
+static void bad_topk(struct backend *b, const struct tensor *v, const struct tensor *ids, const struct tensor *x)
+{
+    cpu_ops->topk(b, v, ids, x);
+    int32_t *id = ids->data;
+    const int32_t t = id[1];
+    id[1] = id[2], id[2] = t; /* two candidates swapped */
+}
+
+static void bad_argmax(struct backend *b, const struct tensor *ids, const struct tensor *x)
+{
+    cpu_ops->argmax(b, ids, x);
+    spoil(ids);
+}
+
+static void check_device_ops(void)
+{
+    struct backend *b = NULL;
+    if (backend_open(DEVICE_CPU, 0, 1, &b) != STATUS_OK) return check(0, "sampler_device_check: a CPU backend", NULL);
+    char why[256], what[400];
+    int ok = sampler_device_check(b, why, sizeof why);
+    snprintf(what, sizeof what, "sampler_device_check: the CPU backend's sampling ops agree (%s)", why);
+    check(ok, what, NULL);
+    cpu_ops = b->ops;
+    const char *names[] = {"op_logit_edit", "op_logit_mask", "op_logit_mass", "op_logit_lse", "op_topk", "op_argmax"};
+    for (int k = 0; k < 6; k++) {
+        struct backend_ops bad = *cpu_ops;
+        if (k == 0) bad.logit_edit = bad_edit;
+        if (k == 1) bad.logit_mask = bad_mask;
+        if (k == 2) bad.logit_mass = bad_mass;
+        if (k == 3) bad.logit_lse = bad_lse;
+        if (k == 4) bad.topk = bad_topk;
+        if (k == 5) bad.argmax = bad_argmax;
+        b->ops = &bad;
+        ok = sampler_device_check(b, why, sizeof why);
+        b->ops = cpu_ops;
+        snprintf(what, sizeof what, "sampler_device_check: a wrong %s is refused, named (%s)", names[k], why);
+        check(!ok && strstr(why, names[k]), what, NULL);
+    }
+    backend_close(b);
+}
+
 /* Every way's decided draws are the host's at its tolerance (the exact one where the weights are
  * the host's bits; nearly every draw decided there), and its margins within the bound its
  * tolerance assumes (1.2e-10 of the total, 8.4e-7); weights 3 ulp off move them past the exact
@@ -869,6 +943,7 @@ int main(void)
     check_top();
     check_nucleus();
     check_draw();
+    check_device_ops();
     check_nucleus_draw();
     sampler_free(&s);
     printf("%d passed, %d failed\n", n_pass, n_fail);

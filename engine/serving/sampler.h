@@ -116,6 +116,12 @@ int32_t     sampler_draw(struct sampler *s, const float *logits, float temperatu
  * b's draws are wrong. */
 struct backend;
 double      sampler_draw_tolerance(struct backend *b);
+/* Runs the device's other sampling ops on backend b over a few calibration rows (op_logit_edit,
+ * op_logit_mask, op_logit_mass, op_logit_lse, op_topk, op_argmax) and compares them with the
+ * host's arithmetic: 1 when every one agrees (edits within 1e-6, masses and normalisers within
+ * 1e-5, candidates and argmax exact); else 0, why (why_size bytes) naming the op and the row.
+ * (sampler_check.c, as sampler_draw_tolerance.) */
+int         sampler_device_check(struct backend *b, char *why, size_t why_size);
 
 /* The distribution sampler_sample draws from, dense into out (vocab_size; 0 outside the tokens
  * the filters keep, one-hot on the argmax when greedy), under the same parameters; logits are
