@@ -246,6 +246,6 @@ esac
 # What the first-use checks of code that had not run on a GPU said (step graphs verified against
 # op by op; prefill on the tensor cores against the simple kernel), from every log of this run.
 say "first-use checks (count, message):"
-grep -h -o -E "step graphs: [0-9]+ captured \([^)]*\)|graph \([0-9]+ sequences\) gave logits [^:]*|cannot run from a graph \([^)]*\)|prefill attention on the tensor cores \([^)]*\) (agreed|gave)[^:]*" \
+grep -h -o -E "step graphs: [0-9]+ captured \([^)]*\)|graph \([0-9]+ sequences\) gave logits [^:]*|cannot run from a graph \([^)]*\)|prefill attention on the tensor cores \([^)]*\) (agreed|gave)[^:]*|the device.s sampling ops (agree|disagree)[^:(]*|draws on the device gave tokens other than the host.s|plain temperature draws on the device: [^(]*" \
   "$OUT"/*.log 2>/dev/null | sort | uniq -c | head -20 | tee -a "$summary"
 say "gpu_check: done in $(($(date +%s) - start)) s"

@@ -174,10 +174,14 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
         LOG_INFO(MODULE, "speculative decoding on: greedy tokens are picked on the host, not the device");
     }
     char why[256];
-    if (c->device_greedy && !sampler_device_check(c->b, why, sizeof why)) { /* before any request trusts them */
-        c->device_greedy = 0;
-        LOG_WARN(MODULE, "the device's sampling ops disagree with the host's (%s): every row's logits are downloaded "
-                         "and sampled on the host", why);
+    if (c->device_greedy) { /* before any request trusts them */
+        if (sampler_device_check(c->b, why, sizeof why))
+            LOG_INFO(MODULE, "the device's sampling ops agree with the host's arithmetic (%s)", why);
+        else {
+            c->device_greedy = 0;
+            LOG_WARN(MODULE, "the device's sampling ops disagree with the host's (%s): every row's logits are "
+                             "downloaded and sampled on the host", why);
+        }
     }
     if (c->device_greedy) { /* plain temperature draws on the device: how near an edge they may land */
         c->draw_tol = sampler_draw_tolerance(c->b);
