@@ -1,12 +1,13 @@
 /* engine/model/model.c - the decoder forward pass for one stage on one tensor shard, and its
- * workspace. Loading weights lives in model_load.c.
+ * workspace. Loading weights lives in model_load.c; decode steps from graphs in step_graph.c; the
+ * device's share of sampling in device_sampling.c.
  * Tests: tests/test_model.c. */
 #include "model.h"
+#include "device_sampling.h"
 #include "layer.h"
 #include "lora.h"
 #include "model_train.h"
 #include "moe.h"
-#include "device_sampling.h"
 #include "step_graph.h"
 
 #include <math.h>

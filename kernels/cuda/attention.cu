@@ -564,6 +564,8 @@ static void attention_simple(struct cuda_state *s, const struct tensor *out, con
         LAUNCH_CHECK());
 }
 
+#define TC_CHECK_MAX_ROWS 4096
+
 /* The tensor-core prefill (attention_train_tc.cu) had not run on a GPU when it became the
  * default (docs/cuda.md): the first batch it takes for each dtype and head_dim also runs the
  * simple kernel and compares. Within 3e-2 of the simple output's largest magnitude (the tensor
@@ -662,6 +664,10 @@ void cuda_attention(struct backend *b, const struct tensor *out, const struct te
         return;
     int *tc = s->attention_mode == CUDA_ATTENTION_AUTO && !batch->decode_only ? tc_prefill_state(s, q) : NULL;
     if (tc && *tc == 1 && cuda_attention_prefill_tc(b, out, q, k_cache, v_cache, batch)) return;
-    if (tc && *tc == 0 && !s->capturing && tc_prefill_first(b, s, tc, out, q, k_cache, v_cache, batch)) return;
+    /* (a batch of more rows than TC_CHECK_MAX_ROWS waits, on the simple kernel, for a smaller one:
+     * the simple kernel beside a long prefill would hold the first request for seconds) */
+    if (tc && *tc == 0 && !s->capturing && n <= TC_CHECK_MAX_ROWS &&
+        tc_prefill_first(b, s, tc, out, q, k_cache, v_cache, batch))
+        return;
     attention_simple(s, out, q, k_cache, v_cache, batch);
 }
