@@ -5,8 +5,8 @@
  * masks) is laid out per step in one device buffer and goes up in one copy; every output (the
  * logits' sum of squares, the argmax or the candidates, masses, draws, normalisers) is laid out
  * per step, packed, in another and comes down in one. On CUDA each copy from pageable memory is
- * a synchronisation, some ten microseconds: a sampled step made up to ten uploads and seven
- * downloads.
+ * a synchronisation (its cost not yet measured there): a sampled step made up to ten uploads and
+ * seven downloads.
  * Tests: tests/test_step_graph.c (a step's copies counted; the candidates, masses, draws and
  * normalisers against the downloaded logits); the server suites with SHARDLM_DEVICE_SAMPLING=1
  * (tests/server/test_device_sampling.py). */
