@@ -124,11 +124,11 @@ int sampler_device_check(struct backend *b, char *why, size_t why_size)
     uint32_t *mask = calloc((size_t)2 * words, sizeof *mask);
     void *dev = NULL;
     /* device layout: x, edits (rows, ids, vals), mask rows, masks, inv_temp, want, mass, lse, top_v, top_i, argmax */
-    size_t off[12], end = 0;
-    const size_t sizes[12] = {nx * 4, ne * 4, ne * 4, 3 * ne * 4, 2 * 4, (size_t)2 * words * 4, CHK_ROWS * 4,
-                              CHK_ROWS * 4, CHK_ROWS * 4, CHK_ROWS * 4, CHK_ROWS * CHK_K * 4, CHK_ROWS * CHK_K * 4};
-    for (int i = 0; i < 12; i++) off[i] = end, end += (sizes[i] + 255) / 256 * 256;
-    end += CHK_ROWS * 4;
+    size_t off[13], end = 0;
+    const size_t sizes[13] = {nx * 4, ne * 4, ne * 4, 3 * ne * 4, 2 * 4, (size_t)2 * words * 4, CHK_ROWS * 4,
+                              CHK_ROWS * 4, CHK_ROWS * 4, CHK_ROWS * 4, CHK_ROWS * CHK_K * 4, CHK_ROWS * CHK_K * 4,
+                              CHK_ROWS * 4};
+    for (int i = 0; i < 13; i++) off[i] = end, end += (sizes[i] + 255) / 256 * 256;
     int ok = 0;
     snprintf(why, why_size, "out of memory for the check");
     if (!x || !got || !mask || backend_alloc(b, end, &dev) != STATUS_OK) goto done;
@@ -162,8 +162,7 @@ int sampler_device_check(struct backend *b, char *why, size_t why_size)
     struct tensor t_mass = T1(8, DTYPE_F32, CHK_ROWS), t_lse = T1(9, DTYPE_F32, CHK_ROWS);
     struct tensor t_top_v = tensor_make(d + off[10], DTYPE_F32, b->device, 2, (int64_t)CHK_ROWS, (int64_t)CHK_K);
     struct tensor t_top_i = tensor_make(d + off[11], DTYPE_I32, b->device, 2, (int64_t)CHK_ROWS, (int64_t)CHK_K);
-    struct tensor t_arg = tensor_make(d + off[11] + (sizes[11] + 255) / 256 * 256, DTYPE_I32, b->device, 1,
-                                      (int64_t)CHK_ROWS);
+    struct tensor t_arg = T1(12, DTYPE_I32, CHK_ROWS);
 #undef T1
     backend_upload(b, tx.data, x, nx * 4);
     backend_upload(b, t_rows.data, rows, ne * 4);
