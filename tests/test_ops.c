@@ -1261,7 +1261,9 @@ static int nucleus_order(const void *a, const void *b)
     return i < j ? -1 : 1;
 }
 
-static int32_t ref_nucleus(const double *xr, int v, double t, double top_p, double u, int *order, double *margin)
+/* *ties: the most candidates sharing one logit (the CUDA kernel gathers at most 2,048 of one bin). */
+static int32_t ref_nucleus(const double *xr, int v, double t, double top_p, double u, int *order, double *margin,
+                           int *ties)
 {
     double m = -INFINITY, total = 0.0;
     for (int j = 0; j < v; j++) m = xr[j] > m ? xr[j] : m;
@@ -1270,6 +1272,11 @@ static int32_t ref_nucleus(const double *xr, int v, double t, double top_p, doub
         if (xr[j] >= m + t * -27.631021) order[n++] = j;
     nucleus_key = xr;
     qsort(order, (size_t)n, sizeof *order, nucleus_order);
+    *ties = 0;
+    for (int k = 0, run = 0; k < n; k++) {
+        run = k > 0 && xr[order[k]] == xr[order[k - 1]] ? run + 1 : 1;
+        *ties = run > *ties ? run : *ties;
+    }
 #define NUC_W(j) ((xr[j] - m) / t > -87.0 ? exp((xr[j] - m) / t) : 0.0)
     for (int k = 0; k < n; k++) total += NUC_W(order[k]);
     double acc = 0.0, cut_margin = 0.0;
@@ -1303,7 +1310,10 @@ static int32_t ref_nucleus(const double *xr, int v, double t, double top_p, doub
  * (f32 weights against double ones); at least half the drawing rows must be such. nucleus: the
  * drawing rows are top_p rows (0.5, 0.9, 0.97 in turn; ref_nucleus), kind 1 wider (N(0, 1) around
  * 1e4, many tokens in its nucleus), checked where the reference's margin exceeds 2e-6, margins
- * within 1e-6. */
+ * within 1e-6. On CUDA a nucleus row may give -1 (margin 0: the host samples it) where more than
+ * NUC_CAP_CUDA candidates share one logit (kind 1 in bf16 and f16, whose spacing at 1e4 is 64 and
+ * 8: the whole row ties), as logit_mass.cu's kernel documents; such rows count as checked. */
+#define NUC_CAP_CUDA 2048
 static void case_logit_draw(struct suite *s, enum dtype dt, int rows, int v_len, int nucleus)
 {
     char name[96];
@@ -1315,7 +1325,7 @@ static void case_logit_draw(struct suite *s, enum dtype dt, int rows, int v_len,
     int32_t *want_id = case_alloc(s, (size_t)rows, sizeof(int32_t));
     double *want_margin = case_alloc(s, (size_t)rows, sizeof(double));
     float *top_p = case_alloc(s, (size_t)rows, sizeof(float));
-    int *order = case_alloc(s, (size_t)v_len, sizeof(int));
+    int *order = case_alloc(s, (size_t)v_len, sizeof(int)), *ties = case_alloc(s, (size_t)rows, sizeof(int));
     for (int i = 0; i < rows; i++) {
         t[i] = i % 4 == 3 ? 0.0f : (float)rng_range(&r, 0.3, 2.0);
         u[i] = (float)rng_range(&r, 0.0, 1.0);
@@ -1327,7 +1337,7 @@ static void case_logit_draw(struct suite *s, enum dtype dt, int rows, int v_len,
         }
         const double *xr = x.val + (size_t)i * v_len;
         if (nucleus && t[i] > 0.0f) {
-            want_id[i] = ref_nucleus(xr, v_len, t[i], top_p[i], u[i], order, &want_margin[i]);
+            want_id[i] = ref_nucleus(xr, v_len, t[i], top_p[i], u[i], order, &want_margin[i], &ties[i]);
             continue;
         }
         double m = -INFINITY, total = 0.0, acc = 0.0;
@@ -1362,9 +1372,14 @@ static void case_logit_draw(struct suite *s, enum dtype dt, int rows, int v_len,
         struct tensor tm = arena_out(&a, "margin", DTYPE_F32, S1(rows), NULL, margin);
         if (SUPPORTED(&v, b, logit_draw)) op_logit_draw(b, &ti, &tm, &tx, &tt, nucleus ? &tq : NULL, &tu);
         arena_finish(&a, &v);
-        int n = 0, drawing = 0;
+        int n = 0, drawing = 0, undecided = 0;
         for (int i = 0; i < rows; i++) {
             if (t[i] > 0.0f) drawing++;
+            if (nucleus && b->device == DEVICE_CUDA && t[i] > 0.0f && ties[i] > NUC_CAP_CUDA && ids[i] == -1 &&
+                margin[i] == 0.0f) {
+                undecided++; /* the kernel's documented way out: the host samples the row */
+                continue;
+            }
             /* too near an edge to ask for its token (a nucleus's cut lies within its cut token's
              * probability, 2e-5 among 49,152 tokens of about equal weight: closer bounds there) */
             if (t[i] > 0.0f && want_margin[i] <= (nucleus ? 2e-6 : 2e-5)) continue;
@@ -1372,9 +1387,9 @@ static void case_logit_draw(struct suite *s, enum dtype dt, int rows, int v_len,
             gm[n] = margin[i], wm[n] = want_margin[i], tol[n] = nucleus ? 1e-6 : 1e-5;
             n++;
         }
-        if (2 * (n - (rows - drawing)) < drawing)
-            verdict_fail(&v, "backend %d: only %d of %d draws far enough from an edge to check", bi, n - (rows - drawing),
-                         drawing);
+        if (2 * (n + undecided - (rows - drawing)) < drawing)
+            verdict_fail(&v, "backend %d: only %d of %d draws far enough from an edge to check", bi,
+                         n + undecided - (rows - drawing), drawing);
         compare_i32(&v, "ids", got_d, want_d, (size_t)n, 1);
         compare_close(&v, "margin", gm, wm, tol, 1.0, (size_t)n, 1);
     }
