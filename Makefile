@@ -65,7 +65,7 @@ fetch-model:
 
 test: WERROR = ON
 test: build build-asan build-clang fetch-model
-	cd $(BUILD) && SHARDLM_ASSETS=$(ASSETS) ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && SHARDLM_ASSETS=$(ASSETS) ctest --output-on-failure -j $(JOBS) -LE cuda_emu_long
 	cd $(ASAN) && SHARDLM_ASSETS=$(ASSETS) ctest --output-on-failure -L unit -j $(JOBS)
 
 run: build

@@ -45,3 +45,11 @@ shardlm_mpi_test(parallel_nccl_mpi2 2 "gpu;mpi" --nccl)
 # Two ranks on one GPU (SHARDLM_SHARE_GPU=1: NCCL over loopback sockets), for machines with one.
 shardlm_mpi_test(parallel_nccl_mpi2_shared 2 "gpu;mpi" --nccl)
 set_tests_properties(parallel_nccl_mpi2_shared PROPERTIES ENVIRONMENT "${SHARDLM_MPI_TEST_ENV};SHARDLM_SHARE_GPU=1")
+# The same on the CUDA emulator with its NCCL (tests/CMakeLists.txt's last section).
+if(TARGET shardlm_nccl_emu)
+  add_test(NAME parallel_nccl_world1_emu COMMAND test_parallel --nccl)
+  shardlm_mpi_test(parallel_nccl_mpi2_emu 2 "cuda_emu;mpi" --nccl)
+  shardlm_mpi_test(parallel_nccl_mpi2_shared_emu 2 "cuda_emu;mpi" --nccl)
+  set_property(GLOBAL APPEND PROPERTY SHARDLM_EMU_TESTS parallel_nccl_world1 parallel_nccl_mpi2
+               parallel_nccl_mpi2_shared)
+endif()

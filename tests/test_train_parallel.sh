@@ -31,6 +31,7 @@ DEVICE=${DEVICE:-cpu}
 RTOL=1e-5
 if [ "$DEVICE" = cuda ]; then
   gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
+  [ "${SHARDLM_CUDA_EMU:-0}" = 1 ] && gpus=${SHARDLM_CUDA_EMU_DEVICES:-1} # (the CUDA emulator's, kernels/cuda_emu/README.md)
   [ "$gpus" -ge 4 ] || { [ "${SHARDLM_SHARE_GPU:-}" = 1 ] && [ "$gpus" -ge 1 ]; } || { echo "SKIP: train_parallel on cuda needs 4 GPUs (NCCL: one per rank), found $gpus"; exit 77; }
   RTOL=1e-4
 fi

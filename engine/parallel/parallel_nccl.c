@@ -357,7 +357,7 @@ static enum status nccl_synchronize(struct comm *c)
 }
 
 /* One grouped ncclSend / ncclRecv per peer (the rows to this rank itself copied on the stream).
- * Compiled only: no GPU has run it (docs/parallel.md). */
+ * No GPU has run it; the CUDA emulator's NCCL has (nccl_emu.c, docs/parallel.md). */
 static enum status nccl_all_to_all_rows(struct comm *c, const struct tensor *send, const int64_t *send_rows,
                                         const struct tensor *recv, const int64_t *recv_rows)
 {

@@ -93,6 +93,13 @@ void  warp_exchange(unsigned mask, uint64_t value, uint64_t *out);
 void  warp_share(unsigned mask, const void *mine, size_t bytes, void *all);
 [[noreturn]] void trap();
 
+#ifdef EMU_HOST_SIDE /* the runtime's own (emu.cc, cublas_emu.cc) */
+/* Whether [p, p + n) lies inside one device allocation. */
+int         in_device(const void *p, size_t n);
+/* Runs op now, or records it into the stream's graph where the stream is capturing. */
+cudaError_t on_stream(cudaStream_t st, std::function<void()> op);
+#endif
+
 template <typename V> inline uint64_t to_bits(V v)
 {
     static_assert(sizeof(V) <= 8, "a shuffled value of at most 8 bytes");
