@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tensor.h" /* the dtypes' conversions (f16's: the executable's, as parallel_nccl.c's tensor calls) */
+
 #define EMU_CHUNK ((size_t)256 << 10)
 #define EMU_MAX_RANKS 64
 #define EMU_HEADER 4096
@@ -115,21 +117,6 @@ static size_t type_bytes(ncclDataType_t t)
     }
 }
 
-static float bf16_load(const uint16_t *p)
-{
-    uint32_t u = (uint32_t)*p << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static void bf16_store(uint16_t *p, float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) *p = (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
-    else *p = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* out[i] = the sum over ranks (in rank order) of slot r's element i, each add rounded in t. */
 static ncclResult_t sum_slots(struct ncclComm *c, void *out, size_t n, ncclDataType_t t)
 {
@@ -147,13 +134,13 @@ static ncclResult_t sum_slots(struct ncclComm *c, void *out, size_t n, ncclDataT
         } break;
         case ncclBfloat16: {
             uint16_t a = ((const uint16_t *)slot(c, 0))[i];
-            for (int r = 1; r < c->nranks; r++) bf16_store(&a, bf16_load(&a) + bf16_load((const uint16_t *)slot(c, r) + i));
+            for (int r = 1; r < c->nranks; r++) a = f32_to_bf16(bf16_to_f32(a) + bf16_to_f32(((const uint16_t *)slot(c, r))[i]));
             ((uint16_t *)out)[i] = a;
         } break;
         case ncclFloat16: {
-            _Float16 a = ((const _Float16 *)slot(c, 0))[i];
-            for (int r = 1; r < c->nranks; r++) a = (_Float16)((float)a + (float)((const _Float16 *)slot(c, r))[i]);
-            ((_Float16 *)out)[i] = a;
+            uint16_t a = ((const uint16_t *)slot(c, 0))[i];
+            for (int r = 1; r < c->nranks; r++) a = f32_to_f16(f16_to_f32(a) + f16_to_f32(((const uint16_t *)slot(c, r))[i]));
+            ((uint16_t *)out)[i] = a;
         } break;
         case ncclInt32: case ncclUint32: {
             uint32_t a = ((const uint32_t *)slot(c, 0))[i];
