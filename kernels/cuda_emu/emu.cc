@@ -370,19 +370,15 @@ cudaError_t refuse_in_capture() { return set_error(cudaErrorStreamCaptureUnsuppo
 std::vector<CUstream_st *> streams;
 std::mutex stream_lock;
 
-int any_capturing()
+/* A call a capture cannot hold (thread-local mode: a potentially unsafe one): while any stream
+ * captures, every open capture is invalidated and the call refused; else cudaSuccess. */
+cudaError_t refuse_if_capturing()
 {
     std::lock_guard<std::mutex> hold(stream_lock);
+    int any = 0;
     for (CUstream_st *s : streams)
-        if (s->capturing) return 1;
-    return 0;
-}
-
-void invalidate_captures()
-{
-    std::lock_guard<std::mutex> hold(stream_lock);
-    for (CUstream_st *s : streams)
-        if (s->capturing) s->invalidated = 1;
+        if (s->capturing) s->invalidated = 1, any = 1;
+    return any ? refuse_in_capture() : cudaSuccess;
 }
 } /* namespace */
 
@@ -496,20 +492,14 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d)
 
 cudaError_t cudaDeviceSynchronize(void)
 {
-    if (any_capturing()) {
-        invalidate_captures();
-        return refuse_in_capture();
-    }
+    if (refuse_if_capturing() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     return cudaSuccess;
 }
 
 cudaError_t cudaMalloc(void **ptr, size_t size)
 {
     *ptr = NULL;
-    if (any_capturing()) { /* thread-local capture mode: a potentially unsafe call */
-        invalidate_captures();
-        return refuse_in_capture();
-    }
+    if (refuse_if_capturing() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     const size_t page = (size_t)sysconf(_SC_PAGESIZE), body = (size ? size + 255 : 256) & ~(size_t)255;
     const size_t len = (body + page - 1) / page * page + page;
     {
@@ -531,10 +521,7 @@ cudaError_t cudaMalloc(void **ptr, size_t size)
 cudaError_t cudaFree(void *ptr)
 {
     if (!ptr) return cudaSuccess;
-    if (any_capturing()) {
-        invalidate_captures();
-        return refuse_in_capture();
-    }
+    if (refuse_if_capturing() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     std::lock_guard<std::mutex> hold(mem_lock);
     auto it = device_allocs.find((uintptr_t)ptr);
     if (it == device_allocs.end()) return set_error(cudaErrorInvalidValue);
@@ -617,10 +604,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
 {
-    if (any_capturing()) {
-        invalidate_captures();
-        return refuse_in_capture();
-    }
+    if (refuse_if_capturing() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
     const cudaError_t e = check_copy(dst, src, n, kind);
     if (e == cudaSuccess) memmove(dst, src, n);
     return e;
